@@ -1,0 +1,1 @@
+"""MMRL services: env, rollout, learner, coordinator, and the code they share (`services.common`)."""

@@ -1,0 +1,1 @@
+"""Code every service may import: logging, gRPC serving, shared storage, the trajectory schema."""

@@ -1,0 +1,180 @@
+"""The shared storage layout (FSx for Lustre in production, a local directory otherwise).
+
+    <shared_root>/runs/<run_id>/adapters/v<NNNNNN>/   adapter files + manifest.json
+    <shared_root>/runs/<run_id>/checkpoints/step_<NNNNNN>/
+
+Writers publish a version by writing into a temporary sibling directory and renaming it into
+place, so readers never see a half-written version. `manifest.json` lists the sha256 and size of
+every other file in the directory; readers verify it before use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_VERSION_DIR = re.compile(r"^v(\d{6,})$")
+_STEP_DIR = re.compile(r"^step_(\d{6,})$")
+
+
+class ManifestError(Exception):
+    """A published directory does not match its manifest (missing, altered or extra files)."""
+
+
+def validate_run_id(run_id: str) -> str:
+    if not _RUN_ID.match(run_id):
+        raise ValueError(f"run_id {run_id!r} must match {_RUN_ID.pattern}")
+    return run_id
+
+
+def run_dir(shared_root: Path, run_id: str) -> Path:
+    return Path(shared_root) / "runs" / validate_run_id(run_id)
+
+
+def adapters_dir(shared_root: Path, run_id: str) -> Path:
+    return run_dir(shared_root, run_id) / "adapters"
+
+
+def adapter_dir(shared_root: Path, run_id: str, version: int) -> Path:
+    return adapters_dir(shared_root, run_id) / f"v{version:06d}"
+
+
+def checkpoints_dir(shared_root: Path, run_id: str) -> Path:
+    return run_dir(shared_root, run_id) / "checkpoints"
+
+
+def checkpoint_dir(shared_root: Path, run_id: str, step: int) -> Path:
+    return checkpoints_dir(shared_root, run_id) / f"step_{step:06d}"
+
+
+def _numbered(parent: Path, pattern: re.Pattern[str]) -> list[tuple[int, Path]]:
+    if not parent.is_dir():
+        return []
+    found = []
+    for child in parent.iterdir():
+        match = pattern.match(child.name)
+        if match and (child / MANIFEST).is_file():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def list_adapter_versions(shared_root: Path, run_id: str) -> list[tuple[int, Path]]:
+    """Complete (manifest present) adapter versions of a run, oldest first."""
+    return _numbered(adapters_dir(shared_root, run_id), _VERSION_DIR)
+
+
+def list_checkpoints(shared_root: Path, run_id: str) -> list[tuple[int, Path]]:
+    """Complete (manifest present) checkpoints of a run, oldest first."""
+    return _numbered(checkpoints_dir(shared_root, run_id), _STEP_DIR)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def build_manifest(directory: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    files = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST):
+        rel = path.relative_to(directory).as_posix()
+        files[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    return {"created_at": time.time(), "files": files, **(extra or {})}
+
+
+def verify_manifest(directory: Path) -> dict[str, Any]:
+    """Checks every file against manifest.json; returns the manifest or raises ManifestError."""
+    directory = Path(directory)
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        raise ManifestError(f"{directory} has no {MANIFEST}")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        listed = manifest["files"]
+    except (ValueError, KeyError) as exc:
+        raise ManifestError(f"{manifest_path} is not a valid manifest: {exc}") from exc
+    present = {
+        p.relative_to(directory).as_posix()
+        for p in directory.rglob("*")
+        if p.is_file() and p.name != MANIFEST
+    }
+    if present != set(listed):
+        raise ManifestError(
+            f"{directory}: files {sorted(present ^ set(listed))} differ between disk and manifest"
+        )
+    for rel, entry in listed.items():
+        actual = sha256_file(directory / rel)
+        if actual != entry["sha256"]:
+            raise ManifestError(f"{directory / rel}: sha256 {actual} != manifest {entry['sha256']}")
+    return dict(manifest)
+
+
+def publish_directory(
+    final_dir: Path, write: Callable[[Path], None], extra_manifest: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Atomically creates `final_dir`: `write(tmp)` fills a temporary sibling, a manifest is added,
+    the files are fsynced and the directory is renamed into place. Returns the manifest.
+
+    Raises FileExistsError if `final_dir` already exists (versions are immutable).
+    """
+    final_dir = Path(final_dir)
+    if final_dir.exists():
+        raise FileExistsError(f"{final_dir} already exists")
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final_dir.parent / f".tmp-{final_dir.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        write(tmp)
+        manifest = build_manifest(tmp, extra_manifest)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        for path in tmp.rglob("*"):
+            if path.is_file():
+                with open(path, "rb") as handle:
+                    os.fsync(handle.fileno())
+        os.rename(tmp, final_dir)
+        _fsync_dir(final_dir.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def manifest_sha256(directory: Path) -> str:
+    return sha256_file(Path(directory) / MANIFEST)
+
+
+def is_within(path: Path, root: Path) -> bool:
+    """True when `path` resolves inside `root` (symlinks and '..' resolved)."""
+    try:
+        Path(path).resolve().relative_to(Path(root).resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def remove_stale_temporaries(parent: Path) -> None:
+    """Deletes `.tmp-*` leftovers of writers that crashed mid-publish."""
+    if Path(parent).is_dir():
+        for child in Path(parent).iterdir():
+            if child.name.startswith(".tmp-"):
+                shutil.rmtree(child, ignore_errors=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
