@@ -1,0 +1,178 @@
+"""`mmrl init-model tiny --out DIR`: a small random-initialised Qwen3-VL model for machines that
+cannot download weights.
+
+The result is a standard Hugging Face directory (config, safetensors weights, tokenizer, image and
+video processors, chat template) that vLLM, transformers and peft load like any Qwen3-VL
+checkpoint. Nothing in the services depends on it: they read sizes and token ids from whatever
+model directory they are given.
+
+Shape (about 1.4M parameters): text hidden 128, 4 layers, 4 query / 2 key-value heads of
+head_dim 32 (vLLM's CPU attention rejects 16), vision tower of depth 2 with patch 8 and merge 2, so
+an 80x80 frame becomes 25 image tokens. The tokenizer is a byte-level BPE trained locally on maze
+prompt text, with Qwen's special tokens, so every string is encodable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+
+# Qwen-style chat template (text and image parts); used by processor.apply_chat_template.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_ACTIONS = ["up", "down", "left", "right", "stop"]
+_WORDS = (
+    "You are a maze solving agent. The image shows a maze. Walls are dark, the floor is light, "
+    "you are the red square and the goal is the green square. Reach the goal. Reply with one "
+    "move: up, down, left, right or stop. Moves left: You hit a wall. Invalid action. "
+    "You reached the goal. You stopped. Out of moves. The answer is <answer> </answer> "
+    "system user assistant move moves turn step action"
+)
+
+
+def _training_corpus() -> list[str]:
+    lines = [_WORDS, *_ACTIONS]
+    lines += [f"{a}\n" for a in _ACTIONS]
+    lines += [f"Moves left: {n}." for n in range(0, 101)]
+    lines += [f"Invalid action '{a}'." for a in ("go north", "jump", "xyz", "UP!!")]
+    lines += [f"<answer>{a}</answer>" for a in _ACTIONS]
+    lines += [" ".join(str(i) for i in range(100))]
+    return lines * 4
+
+
+def build_tokenizer(vocab_size: int = 512):  # -> PreTrainedTokenizerFast
+    """Byte-level BPE over maze text plus Qwen's special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_training_corpus(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=4096,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def build_tiny_model(out_dir: Path, seed: int = 0, hidden_size: int = 128, num_layers: int = 4) -> Path:
+    """Writes a random-initialised tiny Qwen3-VL (weights, tokenizer, processor) into `out_dir`."""
+    import torch
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    out_dir = Path(out_dir)
+    tokenizer = build_tokenizer()
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    head_dim = 32
+    config = Qwen3VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": hidden_size,
+            "intermediate_size": hidden_size * 2,
+            "num_hidden_layers": num_layers,
+            "num_attention_heads": hidden_size // head_dim,
+            "num_key_value_heads": max(1, hidden_size // head_dim // 2),
+            "head_dim": head_dim,
+            "max_position_embeddings": 4096,
+            # mrope sections (t, h, w) split head_dim / 2 rotary frequencies.
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                "mrope_section": [6, 5, 5], "mrope_interleaved": True},
+            "pad_token_id": ids["<|endoftext|>"],
+            "bos_token_id": None,
+            "eos_token_id": ids["<|im_end|>"],
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_heads": 2,
+            "patch_size": 8,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "out_hidden_size": hidden_size,
+            "num_position_embeddings": 256,
+            "deepstack_visual_indexes": [1],
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    config.eos_token_id = ids["<|im_end|>"]
+    config.pad_token_id = ids["<|endoftext|>"]
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(config).to(torch.float32)
+    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+
+    size = {"shortest_edge": 16 * 16, "longest_edge": 256 * 256}
+    image_processor = Qwen2VLImageProcessor(patch_size=8, merge_size=2, temporal_patch_size=2, size=size)
+    video_processor = Qwen3VLVideoProcessor(patch_size=8, merge_size=2, temporal_patch_size=2, size=size)
+    processor = Qwen3VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=CHAT_TEMPLATE,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    processor.save_pretrained(out_dir)
+    num_params = sum(p.numel() for p in model.parameters())
+    (out_dir / "mmrl_model.json").write_text(
+        json.dumps({"kind": "tiny", "seed": seed, "num_parameters": num_params}, indent=2)
+    )
+    return out_dir
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="mmrl init-model", description=__doc__.splitlines()[0])
+    parser.add_argument("kind", choices=["tiny"], help="model to build (only 'tiny' is built locally)")
+    parser.add_argument("--out", required=True, type=Path, help="output directory")
+    parser.add_argument("--seed", type=int, default=0, help="initialisation seed")
+    parser.add_argument("--force", action="store_true", help="rebuild even if DIR/config.json exists")
+    args = parser.parse_args(argv)
+    if (args.out / "config.json").is_file() and not args.force:
+        print(f"{args.out} already holds a model (use --force to rebuild)")
+        return 0
+    build_tiny_model(args.out, seed=args.seed)
+    info = json.loads((args.out / "mmrl_model.json").read_text())
+    print(f"wrote tiny Qwen3-VL ({info['num_parameters']:,} parameters) to {args.out}")
+    return 0
