@@ -139,7 +139,7 @@ def build_tiny_model(out_dir: Path, seed: int = 0, hidden_size: int = 128, num_l
     config.eos_token_id = ids["<|im_end|>"]
     config.pad_token_id = ids["<|endoftext|>"]
     torch.manual_seed(seed)
-    model = Qwen3VLForConditionalGeneration(config).to(torch.float32)
+    model = Qwen3VLForConditionalGeneration(config).float()
     model.generation_config.eos_token_id = ids["<|im_end|>"]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
 
