@@ -1,0 +1,1 @@
+"""The coordinator's REST API (FastAPI): app factory, one router per resource."""

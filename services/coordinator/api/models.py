@@ -1,0 +1,52 @@
+"""Request and response models of the REST API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.coordinator.config import RunConfig
+
+
+class RunCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    config: RunConfig = Field(..., description="The run configuration (configs/*.yaml as JSON).")
+
+
+class Run(BaseModel):
+    id: str
+    name: str
+    state: str = Field(..., description="pending, running, paused, succeeded, failed or stopped.")
+    step: int = Field(..., description="Steps completed.")
+    steps: int = Field(..., description="Steps the run will take.")
+    created_at: float
+    updated_at: float
+    failure_reason: str = ""
+    checkpoint_step: int
+    adapter_version: int
+    config: dict[str, Any]
+    latest_metrics: dict[str, Any] | None = None
+    latest_eval: dict[str, Any] | None = None
+
+
+class RunList(BaseModel):
+    runs: list[Run]
+
+
+class MetricsList(BaseModel):
+    metrics: list[dict[str, Any]]
+
+
+class EvalList(BaseModel):
+    evals: list[dict[str, Any]]
+
+
+class EpisodeList(BaseModel):
+    episodes: list[dict[str, Any]]
+
+
+class Health(BaseModel):
+    status: str
+    checks: dict[str, bool] = Field(default_factory=dict)

@@ -1,0 +1,111 @@
+"""/v1/runs: create, list, inspect and control runs; metrics, evals, episodes and events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, HTTPException, Query, status
+from fastapi.responses import StreamingResponse
+
+from services.coordinator.api.deps import ManagerDep, RunDep, StoreDep
+from services.coordinator.api.models import EpisodeList, EvalList, MetricsList, Run, RunCreate, RunList
+from services.coordinator.manager import TransitionError
+from services.coordinator.store import TERMINAL, new_run_id
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"])
+
+
+async def _with_latest(store: StoreDep, run: dict) -> Run:  # type: ignore[type-arg]
+    metrics = await store.metrics(run["id"])
+    evals = await store.evals(run["id"])
+    return Run(**run, latest_metrics=metrics[-1] if metrics else None, latest_eval=evals[-1] if evals else None)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=Run)
+async def create_run(body: RunCreate, store: StoreDep, manager: ManagerDep) -> Run:
+    config = body.config
+    run_id = new_run_id(config.name)
+    run = await store.create_run(run_id, config.name, config.model_dump(mode="json"), config.steps)
+    manager.launch(run_id)
+    return await _with_latest(store, run)
+
+
+@router.get("", response_model=RunList)
+async def list_runs(store: StoreDep) -> RunList:
+    return RunList(runs=[await _with_latest(store, run) for run in await store.list_runs()])
+
+
+@router.get("/{run_id}", response_model=Run)
+async def get_run(run: RunDep, store: StoreDep) -> Run:
+    return await _with_latest(store, run)
+
+
+@router.post("/{run_id}/{action}", response_model=Run)
+async def control_run(action: str, run: RunDep, store: StoreDep, manager: ManagerDep) -> Run:
+    handlers = {"stop": manager.stop, "pause": manager.pause, "resume": manager.resume}
+    if action not in handlers:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown action {action!r}: use stop, pause or resume")
+    try:
+        await handlers[action](run["id"])
+    except TransitionError as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    return await _with_latest(store, await store.get_run(run["id"]))
+
+
+@router.get("/{run_id}/metrics", response_model=MetricsList)
+async def run_metrics(run: RunDep, store: StoreDep) -> MetricsList:
+    return MetricsList(metrics=await store.metrics(run["id"]))
+
+
+@router.get("/{run_id}/evals", response_model=EvalList)
+async def run_evals(run: RunDep, store: StoreDep) -> EvalList:
+    return EvalList(evals=await store.evals(run["id"]))
+
+
+@router.get("/{run_id}/episodes", response_model=EpisodeList)
+async def run_episodes(
+    run: RunDep, store: StoreDep,
+    kind: Annotated[str | None, Query(description="train or eval")] = None,
+    step: Annotated[int | None, Query(ge=0)] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> EpisodeList:
+    episodes = [e for e in await store.episodes(run["id"])
+                if (kind is None or e["kind"] == kind) and (step is None or e["step"] == step)]
+    return EpisodeList(episodes=episodes[:limit])
+
+
+@router.get("/{run_id}/episodes/{episode_id}")
+async def run_episode(episode_id: str, run: RunDep, store: StoreDep) -> dict:  # type: ignore[type-arg]
+    episode = await store.episode(run["id"], episode_id)
+    if episode is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"episode {episode_id!r} not found in run {run['id']!r}")
+    return episode
+
+
+@router.get("/{run_id}/events")
+async def run_events(
+    run: RunDep, store: StoreDep,
+    follow: Annotated[bool, Query(description="keep streaming until the run ends")] = True,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> StreamingResponse:
+    """Server-sent events: state changes, steps, evals, adapter versions."""
+
+    async def stream() -> AsyncIterator[str]:
+        after = last_event_id or "0"
+        while True:
+            events = await store.read_events(run["id"], after=after, block_ms=1000 if follow else 1)
+            for event_id, event in events:
+                after = event_id
+                yield f"id: {event_id}\nevent: {event['kind']}\ndata: {json.dumps(event['data'])}\n\n"
+            if events:
+                continue
+            if not follow or (await store.get_run(run["id"]))["state"] in TERMINAL:
+                return
+            yield ": keep-alive\n\n"
+            await asyncio.sleep(0)
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})

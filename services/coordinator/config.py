@@ -1,0 +1,197 @@
+"""Run configuration (one YAML file per run) and the coordinator's deployment settings.
+
+A run config is validated with `extra="forbid"`: a misspelt key is an error, not a silent default.
+The resolved config is stored with the run (Redis) and written next to its outputs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a maze solving agent. The image shows a maze. Reach the goal. "
+    "Reply with one move: up, down, left, right or stop."
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnvSettings(_Strict):
+    """The environment every episode of the run plays."""
+
+    size: int = Field(9, ge=5, le=51, description="Odd maze grid side including the outer wall (9 = 4x4 cells).")
+    max_moves: int = Field(20, ge=1, le=1000, description="Move budget per episode.")
+    options: dict[str, str] = Field(
+        default_factory=dict, description="Extra environment options passed through unchanged."
+    )
+
+    @model_validator(mode="after")
+    def _odd(self) -> EnvSettings:
+        if self.size % 2 == 0:
+            raise ValueError(f"env.size must be odd, got {self.size}")
+        return self
+
+    def spec_options(self) -> dict[str, str]:
+        return {"size": str(self.size), **self.options}
+
+
+class SamplingSettings(_Strict):
+    """How actions are sampled during training."""
+
+    temperature: float = Field(1.0, ge=0.0, le=5.0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    max_tokens: int = Field(8, ge=1, le=4096, description="Token budget of one action.")
+
+
+class GrpoSettings(_Strict):
+    """Group sampling, advantages and the clipped surrogate loss."""
+
+    group_size: int = Field(8, ge=2, le=256, description="G: episodes per maze, all on the same maze.")
+    mazes_per_step: int = Field(8, ge=1, le=1024, description="B: groups per training step.")
+    advantage_norm: Literal["std", "none"] = Field(
+        "std", description="'std': GRPO (r - mean)/std; 'none': Dr. GRPO (r - mean)."
+    )
+    clip_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower PPO clip: ratio >= 1 - clip_low.")
+    clip_high: float = Field(0.28, ge=0.0, le=10.0, description="Upper PPO clip (DAPO clip-higher).")
+    kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL to the adapter-free reference.")
+    loss_agg: Literal["token_mean", "sequence_mean"] = Field(
+        "token_mean", description="How per-token losses are averaged."
+    )
+    tis_cap: float | None = Field(
+        None, gt=0.0, description="Truncated importance-sampling cap vs rollout log-probs (None = off)."
+    )
+    dynamic_sampling: bool = Field(
+        False, description="DAPO: drop groups whose rewards are all equal and play more mazes."
+    )
+    max_sampling_rounds: int = Field(
+        3, ge=1, le=32, description="With dynamic sampling: at most this many rounds of B mazes per step."
+    )
+
+
+class LoraSettings(_Strict):
+    """LoRA on the language model's linear layers."""
+
+    rank: int = Field(16, ge=1, le=256, description="LoRA rank r.")
+    alpha: float = Field(32.0, gt=0.0, description="LoRA alpha (scale = alpha / r).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
+    target_modules: str | list[str] | None = Field(
+        None, description="peft target_modules (regex or names); None = the learner's default."
+    )
+
+
+class OptimSettings(_Strict):
+    """AdamW with linear warm-up."""
+
+    learning_rate: float = Field(1e-4, gt=0.0, le=1.0, description="Peak learning rate.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    micro_batch_size: int = Field(16, ge=1, description="Trajectories per forward/backward.")
+
+
+class EvalSettings(_Strict):
+    """Evaluation on the fixed eval set (step 0, every `interval` steps and the last step)."""
+
+    interval: int = Field(10, ge=1, description="Steps between evaluations.")
+    eval_set: str = Field("", description="Eval set name ('' = the environment's default set).")
+    sampled_samples: int = Field(4, ge=0, le=64, description="Sampled episodes per maze (0 = skip).")
+    sampled_temperature: float = Field(1.0, gt=0.0, le=5.0, description="Temperature of sampled eval.")
+    save_frames: bool = Field(True, description="Write greedy eval episodes' frames to shared storage.")
+
+
+class Endpoints(_Strict):
+    """Service addresses; empty values fall back to the coordinator's settings (MMRL_*_ADDR)."""
+
+    env: str = Field("", description="host:port of the env service.")
+    rollout: list[str] = Field(default_factory=list, description="host:port of every rollout replica.")
+    learner: str = Field("", description="host:port of the learner (rank 0).")
+
+
+class RunConfig(_Strict):
+    """Everything one GRPO run needs. See configs/*.yaml for complete examples."""
+
+    name: str = Field("run", min_length=1, max_length=100, description="Human-readable run name.")
+    seed: int = Field(0, ge=0, description="Run seed; maze seeds of step s are a function of (seed, s).")
+    model: str = Field(..., min_length=1, description="Model directory or hub id (tokenizer source).")
+    env: EnvSettings = Field(default_factory=EnvSettings)  # type: ignore[arg-type]
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)  # type: ignore[arg-type]
+    grpo: GrpoSettings = Field(default_factory=GrpoSettings)  # type: ignore[arg-type]
+    lora: LoraSettings = Field(default_factory=LoraSettings)  # type: ignore[arg-type]
+    optim: OptimSettings = Field(default_factory=OptimSettings)  # type: ignore[arg-type]
+    eval: EvalSettings = Field(default_factory=EvalSettings)  # type: ignore[arg-type]
+    endpoints: Endpoints = Field(default_factory=Endpoints)  # type: ignore[arg-type]
+    steps: int = Field(10, ge=1, le=1_000_000, description="GRPO steps to run.")
+    checkpoint_interval: int = Field(5, ge=1, description="Steps between learner checkpoints.")
+    max_turns: int = Field(0, ge=0, description="Turn cap per episode (0 = env.max_moves).")
+    system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, description="System turn of every conversation.")
+    colocated: bool = Field(
+        False, description="Sleep the rollout engine during training (vLLM sleep mode; GPU only)."
+    )
+
+    @property
+    def turn_limit(self) -> int:
+        return self.max_turns or self.env.max_moves
+
+    def learner_config(self) -> dict[str, Any]:
+        """The learner's per-run training settings (sent with ConfigureRun)."""
+        cfg: dict[str, Any] = {
+            "lora_rank": self.lora.rank,
+            "lora_alpha": self.lora.alpha,
+            "lora_dropout": self.lora.dropout,
+            "learning_rate": self.optim.learning_rate,
+            "warmup_steps": self.optim.warmup_steps,
+            "weight_decay": self.optim.weight_decay,
+            "max_grad_norm": self.optim.max_grad_norm,
+            "micro_batch_size": self.optim.micro_batch_size,
+            "clip_low": self.grpo.clip_low,
+            "clip_high": self.grpo.clip_high,
+            "kl_coef": self.grpo.kl_coef,
+            "loss_agg": self.grpo.loss_agg,
+            "tis_cap": self.grpo.tis_cap,
+            "seed": self.seed,
+        }
+        if self.lora.target_modules is not None:
+            cfg["lora_target_modules"] = self.lora.target_modules
+        return cfg
+
+
+def load_run_config(path: Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Reads a YAML run config; `overrides` maps dotted keys ("grpo.group_size") to values."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return RunConfig.model_validate(data)
+
+
+class CoordinatorSettings(BaseSettings):
+    """Deployment settings, from MMRL_* environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="MMRL_", extra="ignore")
+
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding runs, metrics, events.")
+    api_token: str = Field("", description="Bearer token for /v1 routes ('' = no auth).")
+    shared_root: Path = Field(Path("./.mmrl/shared"), description="Shared storage root (/shared).")
+    env_addr: str = Field("127.0.0.1:50051", description="Env service host:port.")
+    rollout_addrs: str = Field("127.0.0.1:50052", description="Comma-separated rollout replicas.")
+    learner_addr: str = Field("127.0.0.1:50053", description="Learner (rank 0) host:port.")
+    rpc_timeout_s: float = Field(600.0, gt=0, description="Deadline of one gRPC call.")
+    rpc_retries: int = Field(3, ge=0, le=20, description="Retries of an UNAVAILABLE gRPC call.")
+    resume_runs: bool = Field(True, description="Resume runs left running by a previous coordinator.")
+
+    def endpoints_for(self, config: RunConfig) -> Endpoints:
+        return Endpoints(
+            env=config.endpoints.env or self.env_addr,
+            rollout=config.endpoints.rollout or [a.strip() for a in self.rollout_addrs.split(",") if a.strip()],
+            learner=config.endpoints.learner or self.learner_addr,
+        )

@@ -1,0 +1,159 @@
+"""Playing a batch of episodes: all active episodes advance together, one batched Generate (split
+across rollout replicas, issued concurrently) and one batched env Step per turn.
+
+The conversation of every episode is kept as token ids (services.common.conversation); the result
+carries the engine-expanded record the learner trains on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from mmrl.v1 import env_pb2, rollout_pb2
+from services.common.conversation import ChatTokens, TokenConversation, Tokenizer
+from services.coordinator.clients import RolloutClient, Services
+
+
+@dataclass
+class Timers:
+    """Wall-clock seconds spent waiting on each service."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, name: str, started: float) -> None:
+        self.seconds[name] += time.perf_counter() - started
+
+
+@dataclass
+class EpisodeResult:
+    spec: env_pb2.EpisodeSpec
+    group_index: int
+    conversation: TokenConversation
+    actions: list[str] = field(default_factory=list)
+    frames: list[bytes] = field(default_factory=list)
+    reward: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+    adapter_version: int = 0
+    episode_id: str = ""
+
+    @property
+    def solved(self) -> bool:
+        return bool(self.info.get("solved", self.reward > 0))
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float
+    top_p: float
+    max_tokens: int
+
+
+def _sampling_proto(sampling: Sampling, seed: int, stop_ids: list[int]) -> rollout_pb2.SamplingParams:
+    return rollout_pb2.SamplingParams(
+        temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
+        stop_token_ids=stop_ids, n=1, seed=seed,
+    )
+
+
+async def _generate_split(
+    rollouts: list[RolloutClient], requests: list[rollout_pb2.GenerationRequest]
+) -> list[rollout_pb2.GenerationResult]:
+    """One Generate per replica with a contiguous share of the batch, concurrently."""
+    shares = len(rollouts)
+    bounds = [len(requests) * i // shares for i in range(shares + 1)]
+    calls = [
+        client.call("Generate", client.stub.Generate,
+                    rollout_pb2.GenerateRequest(requests=requests[bounds[i]:bounds[i + 1]]))
+        for i, client in enumerate(rollouts) if bounds[i] < bounds[i + 1]
+    ]
+    replies = await asyncio.gather(*calls)
+    return [result for reply in replies for result in reply.results]
+
+
+async def play_episodes(
+    services: Services,
+    tokenizer: Tokenizer,
+    chat: ChatTokens,
+    specs: list[env_pb2.EpisodeSpec],
+    *,
+    samples_per_spec: int,
+    sampling: Sampling,
+    run_id: str,
+    adapter_version: int,
+    system_prompt: str,
+    max_turns: int,
+    seed: int,
+    timers: Timers,
+    keep_frames: bool = False,
+) -> list[EpisodeResult]:
+    """Plays `samples_per_spec` episodes of every spec to the end; results in spec order."""
+    all_specs = [spec for spec in specs for _ in range(samples_per_spec)]
+    started = time.perf_counter()
+    created = await services.env.call("CreateEpisodes", services.env.stub.CreateEpisodes,
+                                      env_pb2.CreateEpisodesRequest(specs=all_specs))
+    timers.add("env", started)
+    results: list[EpisodeResult] = []
+    for index, (spec, state) in enumerate(zip(all_specs, created.episodes, strict=True)):
+        conv = TokenConversation(chat)
+        if system_prompt:
+            conv.add_system(tokenizer, system_prompt)
+        frames = [img.data for img in state.observation.images]
+        conv.add_observation(tokenizer, state.observation.text, frames)
+        results.append(EpisodeResult(spec=spec, group_index=index // samples_per_spec, conversation=conv,
+                                     frames=list(frames) if keep_frames else [],
+                                     adapter_version=adapter_version, episode_id=state.episode_id))
+    active = list(range(len(results)))
+    try:
+        for turn in range(max_turns):
+            if not active:
+                break
+            requests = [
+                rollout_pb2.GenerationRequest(
+                    prompt_token_ids=results[i].conversation.compact_ids,
+                    images=[{"data": d, "mime_type": "image/png"} for d in results[i].conversation.images],
+                    sampling=_sampling_proto(sampling, seed * 1_000_003 + i * 1009 + turn, [chat.im_end]),
+                    adapter_run_id=run_id if adapter_version else "",
+                    adapter_version=adapter_version,
+                )
+                for i in active
+            ]
+            started = time.perf_counter()
+            generated = await _generate_split(services.rollouts, requests)
+            timers.add("rollout", started)
+            actions = []
+            for i, result in zip(active, generated, strict=True):
+                completion = result.completions[0]
+                assert result.adapter_version == adapter_version, "rollout sampled with another adapter"
+                results[i].conversation.add_generation(
+                    list(result.prompt_token_ids), list(completion.token_ids), list(completion.logprobs))
+                results[i].actions.append(completion.text)
+                actions.append(env_pb2.EpisodeAction(episode_id=results[i].episode_id, action=completion.text))
+            started = time.perf_counter()
+            stepped = await services.env.call("Step", services.env.stub.Step,
+                                              env_pb2.StepRequest(actions=actions))
+            timers.add("env", started)
+            still_active = []
+            for i, state in zip(active, stepped.episodes, strict=True):
+                episode = results[i]
+                episode.reward = state.reward
+                episode.info = MessageToDict(state.info)
+                if keep_frames:
+                    episode.frames += [img.data for img in state.observation.images]
+                if state.done:
+                    continue
+                frames = [img.data for img in state.observation.images]
+                episode.conversation.add_observation(tokenizer, state.observation.text, frames)
+                still_active.append(i)
+            active = still_active
+    finally:
+        started = time.perf_counter()
+        await services.env.call("CloseEpisodes", services.env.stub.CloseEpisodes,
+                                env_pb2.CloseEpisodesRequest(episode_ids=[r.episode_id for r in results]))
+        timers.add("env", started)
+    return results

@@ -1,0 +1,85 @@
+"""Evaluation on a fixed set of tasks: greedy solve rate (one episode per task), sampled solve rate
+(k episodes per task at a temperature) and mean moves over optimal for solved episodes."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmrl.v1 import env_pb2
+from services.common.conversation import ChatTokens, Tokenizer
+from services.coordinator.clients import Services
+from services.coordinator.episodes import EpisodeResult, Sampling, Timers, play_episodes
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    specs: list[env_pb2.EpisodeSpec]
+    max_tokens: int
+    sampled_samples: int
+    sampled_temperature: float
+    max_turns: int
+    system_prompt: str
+
+
+def solve_rate(episodes: list[EpisodeResult]) -> float:
+    return sum(e.solved for e in episodes) / len(episodes) if episodes else 0.0
+
+
+def mean_moves_over_optimal(episodes: list[EpisodeResult]) -> float | None:
+    ratios = [
+        float(e.info["moves"]) / float(e.info["optimal_moves"])
+        for e in episodes
+        if e.solved and float(e.info.get("optimal_moves", 0)) > 0
+    ]
+    return sum(ratios) / len(ratios) if ratios else None
+
+
+async def run_eval(
+    services: Services, tokenizer: Tokenizer, chat: ChatTokens, plan: EvalPlan, *, run_id: str,
+    adapter_version: int, seed: int, timers: Timers, keep_frames: bool = False,
+) -> tuple[dict[str, Any], list[EpisodeResult]]:
+    """Plays the greedy and sampled evaluations concurrently; returns (summary, greedy episodes)."""
+    common = dict(run_id=run_id, adapter_version=adapter_version, system_prompt=plan.system_prompt,
+                  max_turns=plan.max_turns, timers=timers)
+    greedy_call = play_episodes(services, tokenizer, chat, plan.specs, samples_per_spec=1,
+                                sampling=Sampling(0.0, 1.0, plan.max_tokens), seed=seed,
+                                keep_frames=keep_frames, **common)  # type: ignore[arg-type]
+    calls = [greedy_call]
+    if plan.sampled_samples > 0:
+        calls.append(play_episodes(services, tokenizer, chat, plan.specs, samples_per_spec=plan.sampled_samples,
+                                   sampling=Sampling(plan.sampled_temperature, 1.0, plan.max_tokens),
+                                   seed=seed + 1, **common))  # type: ignore[arg-type]
+    outcomes = await asyncio.gather(*calls)
+    greedy = outcomes[0]
+    sampled = outcomes[1] if len(outcomes) > 1 else []
+    summary: dict[str, Any] = {
+        "adapter_version": adapter_version,
+        "episodes": len(greedy),
+        "greedy_solve_rate": solve_rate(greedy),
+        "sampled_solve_rate": solve_rate(sampled) if sampled else None,
+        "sampled_episodes": len(sampled),
+        "mean_moves_over_optimal": mean_moves_over_optimal(greedy),
+        "mean_reward": sum(e.reward for e in greedy) / len(greedy) if greedy else 0.0,
+    }
+    return summary, greedy
+
+
+def episode_record(episode: EpisodeResult, *, step: int, kind: str, frame_dir: Path | None = None) -> dict[str, Any]:
+    """A JSON record of an episode for Redis; frames (if any) are written under `frame_dir`."""
+    frames: list[str] = []
+    if frame_dir is not None and episode.frames:
+        frame_dir.mkdir(parents=True, exist_ok=True)
+        for turn, data in enumerate(episode.frames):
+            path = frame_dir / f"turn_{turn:03d}.png"
+            path.write_bytes(data)
+            frames.append(str(path))
+    return {
+        "id": episode.episode_id, "step": step, "kind": kind, "seed": episode.spec.seed,
+        "group": episode.group_index, "reward": episode.reward, "solved": episode.solved,
+        "moves": episode.info.get("moves"), "optimal_moves": episode.info.get("optimal_moves"),
+        "actions": episode.actions, "adapter_version": episode.adapter_version,
+        "num_tokens": len(episode.conversation.record_ids), "frames": frames,
+    }

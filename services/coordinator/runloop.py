@@ -1,0 +1,245 @@
+"""The GRPO run loop (ARCHITECTURE "One GRPO step"), read top to bottom as the algorithm.
+
+Resumability: at the start of a run the learner saves a step-0 checkpoint; every
+`checkpoint_interval` steps it saves another. A (re)started loop rolls the learner back to its
+newest complete checkpoint, forgets the coordinator records of later steps and replays them: the
+maze seeds of a step are a function of (run seed, step), so each step is recorded exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmrl.v1 import env_pb2, learner_pb2, rollout_pb2
+from services.common.conversation import ChatTokens, Tokenizer
+from services.common.trajectory import Trajectory
+from services.coordinator.advantages import group_advantages, is_informative, per_token_advantages
+from services.coordinator.clients import Services
+from services.coordinator.config import RunConfig
+from services.coordinator.episodes import EpisodeResult, Sampling, Timers, play_episodes
+from services.coordinator.evaluation import EvalPlan, episode_record, run_eval
+from services.coordinator.store import RunState, RunStore
+
+log = logging.getLogger("mmrl.coordinator.runloop")
+
+TRAIN_SEED_LIMIT = 1_000_000  # training maze seeds are drawn below this; eval seeds are excluded
+
+
+class ConfigRefused(ValueError):
+    """The run config cannot run on these services (e.g. colocated mode without sleep support)."""
+
+
+@dataclass
+class RunContext:
+    run_id: str
+    config: RunConfig
+    services: Services
+    store: RunStore
+    shared_root: Path
+    tokenizer: Tokenizer
+    chat: ChatTokens
+
+
+def step_seeds(run_seed: int, step: int, round_index: int, count: int, exclude: set[int]) -> list[int]:
+    """Maze seeds of one sampling round of a step: a pure function of its arguments."""
+    rng = random.Random(f"mmrl:{run_seed}:{step}:{round_index}")
+    seeds: list[int] = []
+    while len(seeds) < count:
+        seed = rng.randrange(TRAIN_SEED_LIMIT)
+        if seed not in exclude and seed not in seeds:
+            seeds.append(seed)
+    return seeds
+
+
+def to_trajectories(groups: list[list[EpisodeResult]], normalize: str, step: int) -> list[Trajectory]:
+    trajectories = []
+    for g, group in enumerate(groups):
+        advantages = group_advantages([e.reward for e in group], normalize)  # type: ignore[arg-type]
+        for k, (episode, advantage) in enumerate(zip(group, advantages, strict=True)):
+            conv = episode.conversation
+            trajectories.append(Trajectory(
+                trajectory_id=f"s{step}-g{g}-e{k}", token_ids=tuple(conv.record_ids),
+                loss_mask=tuple(conv.loss_mask), logprobs=tuple(conv.logprobs),
+                advantages=tuple(per_token_advantages(advantage, conv.loss_mask)),
+                turn_starts=tuple(conv.turn_starts), images=tuple(conv.images[: _images_used(conv)]),
+                adapter_version=episode.adapter_version, reward=episode.reward, group_id=f"s{step}-g{g}",
+            ))
+    return trajectories
+
+
+def _images_used(conv: Any) -> int:
+    """Images whose placeholders made it into the record (a last, unanswered observation did not)."""
+    return sum(1 for t in conv.record_ids if t == conv.chat.vision_start)
+
+
+async def execute_run(ctx: RunContext) -> RunState:
+    """Runs (or resumes) a run until it finishes, is paused or is stopped; returns the new state.
+    Raises on failure (the caller records the reason)."""
+    cfg, run_id, svc, store = ctx.config, ctx.run_id, ctx.services, ctx.store
+
+    # 0. Services up, config possible on them, learner bound to the run and rolled back.
+    await svc.require_healthy()
+    if cfg.colocated:
+        info = await svc.rollouts[0].call("GetModelInfo", svc.rollouts[0].stub.GetModelInfo,
+                                          rollout_pb2.GetModelInfoRequest())
+        if not info.sleep_supported:
+            raise ConfigRefused("colocated mode needs vLLM sleep mode, which needs a GPU; "
+                                "this rollout backend does not support it (set colocated: false)")
+    eval_set = await svc.env.call("GetEvalSet", svc.env.stub.GetEvalSet,
+                                  env_pb2.GetEvalSetRequest(name=cfg.eval.eval_set))
+    eval_seeds = {spec.seed for spec in eval_set.specs}
+    learner = svc.learner
+    await learner.call("ConfigureRun", learner.stub.ConfigureRun, learner_pb2.ConfigureRunRequest(
+        run_id=run_id, config_json=json.dumps(cfg.learner_config())))
+    run = await store.get_run(run_id)
+    if run["checkpoint_step"] < 0:
+        await learner.call("SaveCheckpoint", learner.stub.SaveCheckpoint,
+                           learner_pb2.SaveCheckpointRequest(run_id=run_id))
+        await store.update_run(run_id, checkpoint_step=0)
+        start_step = 0
+    else:
+        state = await learner.call("LoadCheckpoint", learner.stub.LoadCheckpoint,
+                                   learner_pb2.LoadCheckpointRequest(run_id=run_id))
+        start_step = int(state.step)
+    await store.truncate_after(run_id, start_step)
+    adapter_version = 0 if start_step == 0 else await publish_and_load(ctx, Timers())
+    await store.update_run(run_id, step=start_step, adapter_version=adapter_version)
+    await store.set_state(run_id, RunState.RUNNING)
+    log.info("run started", extra={"run_id": run_id, "from_step": start_step})
+
+    plan = EvalPlan(specs=list(eval_set.specs), max_tokens=cfg.sampling.max_tokens,
+                    sampled_samples=cfg.eval.sampled_samples,
+                    sampled_temperature=cfg.eval.sampled_temperature, max_turns=cfg.turn_limit,
+                    system_prompt=cfg.system_prompt)
+    evals_done = {int(e["step"]) for e in await store.evals(run_id)}
+    if start_step == 0 and 0 not in evals_done:
+        await evaluate(ctx, plan, step=0, adapter_version=adapter_version, timers=Timers())
+
+    sampling = Sampling(cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.max_tokens)
+    for step in range(start_step + 1, cfg.steps + 1):
+        # Pause / stop requests take effect at step boundaries.
+        desired = await store.desired(run_id)
+        if desired in ("pause", "stop"):
+            state = RunState.PAUSED if desired == "pause" else RunState.STOPPED
+            await store.set_state(run_id, state)
+            return state
+        step_started = time.perf_counter()
+        timers = Timers()
+
+        # 1-3. B mazes (seeds from run seed + step), G episodes each, played turn by turn.
+        groups: list[list[EpisodeResult]] = []
+        num_dropped = 0
+        num_played = 0
+        for round_index in range(cfg.grpo.max_sampling_rounds if cfg.grpo.dynamic_sampling else 1):
+            needed = cfg.grpo.mazes_per_step - len(groups)
+            seeds = step_seeds(cfg.seed, step, round_index, needed, eval_seeds)
+            specs = [env_pb2.EpisodeSpec(seed=s, max_moves=cfg.env.max_moves, options=cfg.env.spec_options())
+                     for s in seeds]
+            episodes = await play_episodes(
+                svc, ctx.tokenizer, ctx.chat, specs, samples_per_spec=cfg.grpo.group_size, sampling=sampling,
+                run_id=run_id, adapter_version=adapter_version, system_prompt=cfg.system_prompt,
+                max_turns=cfg.turn_limit, seed=cfg.seed * 100_003 + step * 101 + round_index, timers=timers)
+            num_played += len(episodes)
+            for g in range(len(seeds)):
+                group = episodes[g * cfg.grpo.group_size:(g + 1) * cfg.grpo.group_size]
+                last_round = round_index + 1 == cfg.grpo.max_sampling_rounds
+                if cfg.grpo.dynamic_sampling and not last_round and not is_informative([e.reward for e in group]):
+                    num_dropped += 1  # no signal: replaced by a maze of the next round
+                    continue
+                groups.append(group)
+            if len(groups) >= cfg.grpo.mazes_per_step:
+                break
+        groups = groups[: cfg.grpo.mazes_per_step]
+
+        # 4. Group-relative advantages on the coordinator; the learner only sees per-token arrays.
+        trajectories = to_trajectories(groups, cfg.grpo.advantage_norm, step)
+
+        # 5. Train (rollout engine asleep in colocated mode), publish, 6. load on every replica.
+        if cfg.colocated:
+            await _all_rollouts(ctx, "Sleep", rollout_pb2.SleepRequest(level=1))
+        started = time.perf_counter()
+        train = await learner.call("TrainStep", learner.stub.TrainStep, learner_pb2.TrainStepRequest(
+            run_id=run_id, trajectories=[t.to_proto() for t in trajectories]))
+        timers.add("train", started)
+        if cfg.colocated:
+            await _all_rollouts(ctx, "WakeUp", rollout_pb2.WakeUpRequest())
+        sampled_with = adapter_version
+        adapter_version = await publish_and_load(ctx, timers)
+
+        # Record the step (metrics + episodes + counter) atomically.
+        flat = [e for group in groups for e in group]
+        rewards = [e.reward for e in flat]
+        metrics: dict[str, Any] = {
+            "step": step,
+            "reward/mean": sum(rewards) / len(rewards),
+            "train/solve_rate": sum(e.solved for e in flat) / len(flat),
+            "episodes/num": len(flat),
+            "episodes/num_played": num_played,
+            "episodes/turns_mean": sum(len(e.actions) for e in flat) / len(flat),
+            "groups/num": len(groups),
+            "groups/num_informative": sum(is_informative([e.reward for e in g]) for g in groups),
+            "groups/num_dropped": num_dropped,
+            "tokens/generated": sum(sum(t.loss_mask) for t in trajectories),
+            "adapter/sampled_with": sampled_with,
+            "adapter/published": adapter_version,
+            "train/skipped": bool(train.skipped),
+            **{k if "/" in k else f"train/{k}": v for k, v in train.metrics.items()},
+        }
+        records = {e.episode_id: episode_record(e, step=step, kind="train") for e in flat}
+        timers.seconds["step"] = time.perf_counter() - step_started
+        metrics.update({f"time/{k}_s": v for k, v in timers.seconds.items()})
+        await store.commit_step(run_id, step, metrics, records)
+        await store.update_run(run_id, adapter_version=adapter_version)
+
+        # 7. Eval every eval interval and at the end; 8. checkpoint every checkpoint interval.
+        if step % cfg.eval.interval == 0 or step == cfg.steps:
+            await evaluate(ctx, plan, step=step, adapter_version=adapter_version, timers=Timers())
+        if step % cfg.checkpoint_interval == 0 or step == cfg.steps:
+            await learner.call("SaveCheckpoint", learner.stub.SaveCheckpoint,
+                               learner_pb2.SaveCheckpointRequest(run_id=run_id))
+            await store.update_run(run_id, checkpoint_step=step)
+
+    await store.set_state(run_id, RunState.SUCCEEDED)
+    return RunState.SUCCEEDED
+
+
+async def publish_and_load(ctx: RunContext, timers: Timers) -> int:
+    """Learner publishes version N; every rollout replica loads and confirms it."""
+    started = time.perf_counter()
+    learner = ctx.services.learner
+    published = await learner.call("PublishAdapter", learner.stub.PublishAdapter,
+                                   learner_pb2.PublishAdapterRequest(run_id=ctx.run_id))
+    for replica in ctx.services.rollouts:
+        await replica.load_adapter(ctx.run_id, int(published.version), published.path)
+    timers.add("sync", started)
+    await ctx.store.add_event(ctx.run_id, "adapter", {"version": int(published.version), "path": published.path})
+    return int(published.version)
+
+
+async def evaluate(ctx: RunContext, plan: EvalPlan, *, step: int, adapter_version: int, timers: Timers) -> None:
+    started = time.perf_counter()
+    keep = ctx.config.eval.save_frames
+    summary, greedy = await run_eval(ctx.services, ctx.tokenizer, ctx.chat, plan, run_id=ctx.run_id,
+                                     adapter_version=adapter_version, seed=ctx.config.seed + 7 * step,
+                                     timers=timers, keep_frames=keep)
+    summary.update({"step": step, "eval_s": time.perf_counter() - started})
+    frames_root = ctx.shared_root / "runs" / ctx.run_id / "episodes" / f"eval_step_{step:06d}"
+    records = {
+        f"eval-{step}-{i}": {**episode_record(e, step=step, kind="eval",
+                                                frame_dir=frames_root / f"{i:03d}" if keep else None),
+                              "id": f"eval-{step}-{i}"}
+        for i, e in enumerate(greedy)
+    }
+    await ctx.store.record_eval(ctx.run_id, step, summary, records)
+    log.info("eval", extra={"run_id": ctx.run_id, **summary})
+
+
+async def _all_rollouts(ctx: RunContext, method: str, request: Any) -> None:
+    for replica in ctx.services.rollouts:
+        await replica.call(method, getattr(replica.stub, method), request)

@@ -1,0 +1,204 @@
+"""Run state in Redis: runs, configs, states, per-step metrics, eval history, episode records and
+an event stream per run.
+
+Keys (prefix `mmrl:`):
+    runs                      sorted set of run ids by creation time
+    run:<id>                  hash: id, name, state, config (JSON), step, steps, created_at,
+                              updated_at, failure_reason, checkpoint_step, adapter_version, desired
+    run:<id>:metrics          hash step -> JSON metrics of that step (one entry per step)
+    run:<id>:evals            hash step -> JSON eval summary
+    run:<id>:episodes         hash episode_id -> JSON record (frames stay on shared storage)
+    run:<id>:events           stream of events (served as SSE)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from enum import StrEnum
+from typing import Any
+
+import redis.asyncio as aioredis
+
+PREFIX = "mmrl:"
+EVENTS_MAXLEN = 10_000
+
+
+class RunState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    PAUSED = "paused"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+TERMINAL = {RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED}
+
+
+class RunNotFound(KeyError):
+    pass
+
+
+def new_run_id(name: str) -> str:
+    slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in name.lower())[:40].strip("-") or "run"
+    return f"{slug}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+class RunStore:
+    def __init__(self, client: aioredis.Redis) -> None:
+        # Any: redis-py's return types are unions of bytes/str; decode_responses=True gives str.
+        self.r: Any = client
+
+    @classmethod
+    def from_url(cls, url: str) -> RunStore:
+        return cls(aioredis.from_url(url, decode_responses=True))
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self.r.ping())
+        except (aioredis.ConnectionError, OSError):
+            return False
+
+    async def close(self) -> None:
+        await self.r.aclose()
+
+    def _key(self, run_id: str, suffix: str = "") -> str:
+        return f"{PREFIX}run:{run_id}{':' + suffix if suffix else ''}"
+
+    # runs -----------------------------------------------------------------------------------
+    async def create_run(self, run_id: str, name: str, config: dict[str, Any], steps: int) -> dict[str, Any]:
+        now = time.time()
+        record = {
+            "id": run_id, "name": name, "state": RunState.PENDING.value, "config": json.dumps(config),
+            "step": 0, "steps": steps, "created_at": now, "updated_at": now, "failure_reason": "",
+            "checkpoint_step": -1, "adapter_version": 0, "desired": "",
+        }
+        async with self.r.pipeline(transaction=True) as pipe:
+            pipe.hset(self._key(run_id), mapping=record)
+            pipe.zadd(f"{PREFIX}runs", {run_id: now})
+            await pipe.execute()
+        await self.add_event(run_id, "state", {"state": RunState.PENDING.value})
+        return await self.get_run(run_id)
+
+    async def get_run(self, run_id: str) -> dict[str, Any]:
+        raw = await self.r.hgetall(self._key(run_id))
+        if not raw:
+            raise RunNotFound(run_id)
+        return _decode_run(raw)
+
+    async def list_runs(self) -> list[dict[str, Any]]:
+        ids = await self.r.zrange(f"{PREFIX}runs", 0, -1)
+        runs = []
+        for run_id in ids:
+            try:
+                runs.append(await self.get_run(run_id))
+            except RunNotFound:
+                continue
+        return runs
+
+    async def update_run(self, run_id: str, **fields: Any) -> None:
+        fields["updated_at"] = time.time()
+        await self.r.hset(self._key(run_id), mapping={k: _encode(v) for k, v in fields.items()})
+
+    async def set_state(self, run_id: str, state: RunState, reason: str = "") -> None:
+        fields: dict[str, Any] = {"state": state.value, "failure_reason": reason}
+        if state in TERMINAL or state == RunState.PAUSED:
+            fields["desired"] = ""  # the request was served
+        await self.update_run(run_id, **fields)
+        await self.add_event(run_id, "state", {"state": state.value, "reason": reason})
+
+    async def request(self, run_id: str, desired: str) -> None:
+        """Asks the run loop to pause or stop at its next step boundary."""
+        await self.update_run(run_id, desired=desired)
+
+    async def desired(self, run_id: str) -> str:
+        return str(await self.r.hget(self._key(run_id), "desired") or "")
+
+    # per-step records ---------------------------------------------------------------------------
+    async def commit_step(self, run_id: str, step: int, metrics: dict[str, Any],
+                          episodes: dict[str, dict[str, Any]]) -> None:
+        """Records step `step` (1-based) atomically: its metrics, episodes and the step counter."""
+        async with self.r.pipeline(transaction=True) as pipe:
+            pipe.hset(self._key(run_id, "metrics"), str(step), json.dumps(metrics))
+            if episodes:
+                pipe.hset(self._key(run_id, "episodes"),
+                          mapping={k: json.dumps(v) for k, v in episodes.items()})
+            pipe.hset(self._key(run_id), mapping={"step": step, "updated_at": time.time()})
+            await pipe.execute()
+        await self.add_event(run_id, "step", metrics)
+
+    async def record_eval(self, run_id: str, step: int, summary: dict[str, Any],
+                          episodes: dict[str, dict[str, Any]]) -> None:
+        async with self.r.pipeline(transaction=True) as pipe:
+            pipe.hset(self._key(run_id, "evals"), str(step), json.dumps(summary))
+            if episodes:
+                pipe.hset(self._key(run_id, "episodes"),
+                          mapping={k: json.dumps(v) for k, v in episodes.items()})
+            await pipe.execute()
+        await self.add_event(run_id, "eval", summary)
+
+    async def truncate_after(self, run_id: str, step: int) -> None:
+        """Forgets metrics, evals and episodes of steps after `step` (replayed after a resume)."""
+        for suffix in ("metrics", "evals"):
+            keys = [k for k in await self.r.hkeys(self._key(run_id, suffix)) if int(k) > step]
+            if keys:
+                await self.r.hdel(self._key(run_id, suffix), *keys)
+        episodes = await self.r.hgetall(self._key(run_id, "episodes"))
+        stale = [k for k, v in episodes.items() if json.loads(v).get("step", 0) > step]
+        if stale:
+            await self.r.hdel(self._key(run_id, "episodes"), *stale)
+
+    async def metrics(self, run_id: str) -> list[dict[str, Any]]:
+        return _sorted_by_step(await self.r.hgetall(self._key(run_id, "metrics")))
+
+    async def evals(self, run_id: str) -> list[dict[str, Any]]:
+        return _sorted_by_step(await self.r.hgetall(self._key(run_id, "evals")))
+
+    async def episodes(self, run_id: str) -> list[dict[str, Any]]:
+        raw = await self.r.hgetall(self._key(run_id, "episodes"))
+        records = [json.loads(v) for v in raw.values()]
+        return sorted(records, key=lambda e: (e.get("step", 0), e.get("kind", ""), e.get("id", "")))
+
+    async def episode(self, run_id: str, episode_id: str) -> dict[str, Any] | None:
+        raw = await self.r.hget(self._key(run_id, "episodes"), episode_id)
+        return json.loads(raw) if raw else None
+
+    # events ----------------------------------------------------------------------------------
+    async def add_event(self, run_id: str, kind: str, data: dict[str, Any]) -> str:
+        return str(await self.r.xadd(self._key(run_id, "events"),
+                                     {"kind": kind, "data": json.dumps(data), "ts": time.time()},
+                                     maxlen=EVENTS_MAXLEN, approximate=True))
+
+    async def read_events(self, run_id: str, after: str = "0", block_ms: int = 1000,
+                          count: int = 100) -> list[tuple[str, dict[str, Any]]]:
+        reply = await self.r.xread({self._key(run_id, "events"): after}, count=count, block=block_ms)
+        events = []
+        for _stream, entries in reply or []:
+            for event_id, fields in entries:
+                events.append((event_id, {"kind": fields["kind"], "data": json.loads(fields["data"]),
+                                          "ts": float(fields["ts"])}))
+        return events
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    if isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def _decode_run(raw: dict[str, str]) -> dict[str, Any]:
+    return {
+        "id": raw["id"], "name": raw["name"], "state": raw["state"], "config": json.loads(raw["config"]),
+        "step": int(raw["step"]), "steps": int(raw["steps"]), "created_at": float(raw["created_at"]),
+        "updated_at": float(raw["updated_at"]), "failure_reason": raw.get("failure_reason", ""),
+        "checkpoint_step": int(raw.get("checkpoint_step", -1)),
+        "adapter_version": int(raw.get("adapter_version", 0)), "desired": raw.get("desired", ""),
+    }
+
+
+def _sorted_by_step(raw: dict[str, str]) -> list[dict[str, Any]]:
+    return [json.loads(raw[k]) for k in sorted(raw, key=int)]

@@ -1,0 +1,112 @@
+"""REST API against a real Redis: auth, bad input, state conflicts, failing services, events."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from services.common.procs import free_port
+from services.coordinator.api.app import create_app
+from services.coordinator.config import CoordinatorSettings
+
+TOKEN = "s3cret-token"
+
+
+def _settings(redis_url: str, tmp_path: Path, token: str = "") -> CoordinatorSettings:
+    dead = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    return CoordinatorSettings(
+        redis_url=f"{redis_url}/2", api_token=token, shared_root=tmp_path, env_addr=dead[0],
+        rollout_addrs=dead[1], learner_addr=dead[2], rpc_timeout_s=5, rpc_retries=0, resume_runs=False,
+    )
+
+
+@pytest.fixture
+def client(redis_url: str, tmp_path: Path) -> Iterator[TestClient]:
+    redis.Redis.from_url(f"{redis_url}/2").flushdb()
+    with TestClient(create_app(_settings(redis_url, tmp_path, TOKEN))) as test_client:
+        test_client.headers["Authorization"] = f"Bearer {TOKEN}"
+        yield test_client
+
+
+def _config(model: str = "some/model", **overrides: object) -> dict[str, object]:
+    return {"name": "api-test", "model": model, "steps": 2, **overrides}
+
+
+def _wait_for_state(client: TestClient, run_id: str, states: set[str], timeout_s: float = 30) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = client.get(f"/v1/runs/{run_id}").json()
+        if run["state"] in states:
+            return run
+        time.sleep(0.1)
+    raise AssertionError(f"run {run_id} never reached {states}: {run}")
+
+
+def test_routes_need_the_bearer_token_when_one_is_configured(client: TestClient) -> None:
+    assert client.get("/v1/runs").status_code == 200
+    assert client.get("/v1/runs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client.get("/v1/runs", headers={"Authorization": ""}).status_code == 401
+    assert client.get("/healthz", headers={"Authorization": ""}).status_code == 200
+
+
+def test_an_invalid_run_config_is_a_422_listing_the_fields(client: TestClient) -> None:
+    body = {"config": _config(env={"size": 8}, grpo={"group_size": 1}, bogus=True)}
+    reply = client.post("/v1/runs", json=body)
+    assert reply.status_code == 422
+    locations = {".".join(str(p) for p in err["loc"]) for err in reply.json()["detail"]}
+    assert "body.config.grpo.group_size" in locations
+    assert "body.config.bogus" in locations
+    assert any(loc.startswith("body.config.env") for loc in locations)
+    assert client.post("/v1/runs", json={"config": {"name": "x"}}).status_code == 422  # model missing
+
+
+def test_unknown_runs_and_episodes_are_404(client: TestClient) -> None:
+    for path in ("/v1/runs/nope", "/v1/runs/nope/metrics", "/v1/runs/nope/evals", "/v1/runs/nope/episodes",
+                 "/v1/runs/nope/events"):
+        assert client.get(path).status_code == 404, path
+    assert client.post("/v1/runs/nope/stop").status_code == 404
+
+
+def test_a_run_whose_services_are_down_fails_naming_the_service(client: TestClient, tiny_model_dir: Path) -> None:
+    created = client.post("/v1/runs", json={"config": _config(str(tiny_model_dir))})
+    assert created.status_code == 201
+    run = _wait_for_state(client, created.json()["id"], {"failed"})
+    assert "env service at 127.0.0.1:" in run["failure_reason"]
+    assert run["step"] == 0
+    events = client.get(f"/v1/runs/{run['id']}/events").text
+    assert "event: state" in events and '"failed"' in events
+
+
+def test_actions_that_do_not_fit_the_state_are_409(client: TestClient, redis_url: str, tiny_model_dir: Path) -> None:
+    run_id = client.post("/v1/runs", json={"config": _config(str(tiny_model_dir))}).json()["id"]
+    _wait_for_state(client, run_id, {"failed"})
+    for action in ("stop", "pause", "resume"):
+        reply = client.post(f"/v1/runs/{run_id}/{action}")
+        assert reply.status_code == 409, action
+        assert "failed" in reply.json()["detail"]
+    redis.Redis.from_url(f"{redis_url}/2").hset(f"mmrl:run:{run_id}", "state", "running")
+    assert client.post(f"/v1/runs/{run_id}/resume").status_code == 409  # already running
+    assert client.post(f"/v1/runs/{run_id}/explode").status_code == 404
+
+
+def test_runs_are_listed_and_readiness_and_prometheus_metrics_answer(client: TestClient) -> None:
+    created = client.post("/v1/runs", json={"config": _config()}).json()
+    listed = client.get("/v1/runs").json()["runs"]
+    assert [r["id"] for r in listed] == [created["id"]]
+    assert client.get("/readyz").json() == {"status": "ok", "checks": {"redis": True}}
+    text = client.get("/metrics").text
+    assert "mmrl_runs{" in text
+    assert client.get("/openapi.json").json()["info"]["title"] == "MMRL coordinator"
+
+
+def test_readiness_fails_without_redis(tmp_path: Path) -> None:
+    settings = _settings(f"redis://127.0.0.1:{free_port()}", tmp_path)
+    with TestClient(create_app(settings)) as test_client:
+        reply = test_client.get("/readyz")
+    assert reply.status_code == 503
+    assert reply.json()["checks"] == {"redis": False}
