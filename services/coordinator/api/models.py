@@ -26,6 +26,7 @@ class Run(BaseModel):
     failure_reason: str = ""
     checkpoint_step: int
     adapter_version: int
+    desired: str = Field("", description="A pause or stop requested but not yet applied.")
     config: dict[str, Any]
     latest_metrics: dict[str, Any] | None = None
     latest_eval: dict[str, Any] | None = None

@@ -1,0 +1,167 @@
+"""The whole MMRL stack as local processes: Redis (if none is reachable), env, rollout, learner and
+coordinator, each waited for until healthy, logs under `<state_dir>/logs/`, stopped cleanly.
+
+Used by `mmrl up`, `mmrl demo`, `mmrl eval`, `mmrl bench e2e` and the end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+
+from services.common.grpc_server import check_health
+from services.common.procs import free_port, port_open, start_redis, stop_process
+
+SERVICES = ("env", "rollout", "learner", "coordinator")
+STARTUP_TIMEOUT_S = {"env": 60.0, "rollout": 420.0, "learner": 300.0, "coordinator": 60.0}
+
+
+@dataclass
+class StackConfig:
+    model: Path
+    state_dir: Path = Path(".mmrl")
+    host: str = "127.0.0.1"
+    ports: dict[str, int] = field(default_factory=dict)  # missing -> a free port
+    redis_url: str = ""  # "" -> start a redis-server under state_dir
+    learner_nproc: int = 1
+    api_token: str = ""
+    rollout_args: list[str] = field(default_factory=list)
+    learner_model: Path | None = None  # defaults to `model`
+
+    @property
+    def shared_root(self) -> Path:
+        return self.state_dir / "shared"
+
+
+class Stack:
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.ports = {name: config.ports.get(name) or free_port() for name in SERVICES}
+        self.redis_url = config.redis_url
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.config.host}:{self.ports['coordinator']}"
+
+    def address(self, service: str) -> str:
+        return f"{self.config.host}:{self.ports[service]}"
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            "MMRL_SHARED_ROOT": str(self.config.shared_root.resolve()),
+            "MMRL_REDIS_URL": self.redis_url,
+            "MMRL_ENV_ADDR": self.address("env"),
+            "MMRL_ROLLOUT_ADDRS": self.address("rollout"),
+            "MMRL_LEARNER_ADDR": self.address("learner"),
+            "MMRL_API_TOKEN": self.config.api_token,
+            "PYTHONUNBUFFERED": "1",
+        })
+        return env
+
+    def command(self, service: str) -> list[str]:
+        cli = [sys.executable, "-m", "mmrl.cli.main", "serve", service,
+               "--host", self.config.host, "--port", str(self.ports[service])]
+        shared = ["--shared-root", str(self.config.shared_root.resolve())]
+        if service == "rollout":
+            return cli + ["--model", str(self.config.model)] + shared + self.config.rollout_args
+        if service == "learner":
+            model = self.config.learner_model or self.config.model
+            return cli + ["--model", str(model), "--nproc", str(self.config.learner_nproc)] + shared
+        return cli
+
+    def start(self, services: tuple[str, ...] = SERVICES, log: bool = True) -> None:
+        """Starts Redis (if needed) and `services`, in parallel, and waits until all are healthy."""
+        logs = self.config.state_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.config.shared_root.mkdir(parents=True, exist_ok=True)
+        if "coordinator" in services:
+            self._ensure_redis(logs)
+        for service in services:
+            handle = open(logs / f"{service}.log", "ab")  # noqa: SIM115 - owned by the child process
+            self.procs[service] = subprocess.Popen(self.command(service), stdout=handle,
+                                                   stderr=subprocess.STDOUT, env=self.environment(),
+                                                   start_new_session=True)
+            if log:
+                print(f"started {service:<11} pid {self.procs[service].pid:<7} "
+                      f"port {self.ports[service]} (log: {logs / (service + '.log')})", flush=True)
+        for service in services:
+            self.wait_healthy(service)
+            if log:
+                print(f"{service} is healthy", flush=True)
+
+    def _ensure_redis(self, logs: Path) -> None:
+        if self.redis_url:
+            parsed = urlparse(self.redis_url)
+            if port_open(parsed.hostname or "127.0.0.1", parsed.port or 6379):
+                return
+            raise RuntimeError(f"no Redis reachable at {self.redis_url}")
+        port = free_port()
+        self.procs["redis"] = start_redis(port, data_dir=self.config.state_dir / "redis",
+                                          log_path=logs / "redis.log")
+        self.redis_url = f"redis://127.0.0.1:{port}/0"
+
+    def wait_healthy(self, service: str) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S[service]
+        proc = self.procs[service]
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = self._log_tail(service)
+                raise RuntimeError(f"{service} exited with code {proc.returncode} while starting:\n{tail}")
+            if self.is_healthy(service):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"{service} was not healthy within {STARTUP_TIMEOUT_S[service]:.0f} s:\n"
+                           f"{self._log_tail(service)}")
+
+    def is_healthy(self, service: str) -> bool:
+        if service == "coordinator":
+            try:
+                return httpx.get(f"{self.api_url}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+        return asyncio.run(check_health(self.address(service)))
+
+    def _log_tail(self, service: str, lines: int = 30) -> str:
+        path = self.config.state_dir / "logs" / f"{service}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def restart(self, service: str) -> None:
+        self.stop_service(service)
+        self.start((service,), log=False)
+
+    def kill(self, service: str) -> None:
+        """SIGKILL, as a crash would (no graceful shutdown)."""
+        proc = self.procs.pop(service)
+        os.killpg(proc.pid, 9)
+        proc.wait()
+
+    def stop_service(self, service: str) -> None:
+        proc = self.procs.pop(service, None)
+        if proc is not None:
+            stop_process(proc, timeout_s=30)
+            try:  # children (vLLM engine core, torchrun ranks) that outlived their parent
+                os.killpg(proc.pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def stop(self) -> None:
+        for service in ("coordinator", "learner", "rollout", "env", "redis"):
+            self.stop_service(service)
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from services.coordinator.config import RunConfig, load_run_config
+from services.coordinator.runloop import TRAIN_SEED_LIMIT, step_seeds
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["maze-tiny-cpu.yaml", "qwen3-vl-8b-hyperpod.yaml"])
+def test_shipped_run_configs_validate(name: str) -> None:
+    config = load_run_config(ROOT / "configs" / name)
+    assert config.steps > 0 and config.grpo.group_size >= 2
+
+
+def test_the_production_config_has_the_published_eval_setup() -> None:
+    config = load_run_config(ROOT / "configs" / "qwen3-vl-8b-hyperpod.yaml")
+    assert "Qwen3-VL-8B" in config.model
+    assert config.env.size == 9 and config.env.max_moves == 20 and config.colocated
+
+
+def test_overrides_use_dotted_keys_and_are_validated() -> None:
+    config = load_run_config(ROOT / "configs" / "maze-tiny-cpu.yaml", {"grpo.group_size": 4, "steps": 3})
+    assert config.grpo.group_size == 4 and config.steps == 3
+    with pytest.raises(ValidationError):
+        load_run_config(ROOT / "configs" / "maze-tiny-cpu.yaml", {"env.size": 10})
+
+
+def test_unknown_keys_are_refused() -> None:
+    with pytest.raises(ValidationError, match="extra"):
+        RunConfig.model_validate({"model": "m", "grpo": {"group_sise": 4}})
+
+
+def test_the_seeds_of_a_step_are_a_pure_function_of_run_seed_and_step() -> None:
+    assert step_seeds(0, 5, 0, 8, set()) == step_seeds(0, 5, 0, 8, set())
+    assert step_seeds(0, 5, 0, 8, set()) != step_seeds(0, 6, 0, 8, set())
+    assert step_seeds(0, 5, 0, 8, set()) != step_seeds(1, 5, 0, 8, set())
+    assert len(set(step_seeds(3, 1, 0, 64, set()))) == 64
+
+
+def test_training_seeds_never_touch_the_eval_sets() -> None:
+    from services.env.evalset import RECIPES, get_eval_set, is_eval_seed
+
+    eval_seeds = {spec.seed for name in RECIPES for spec in get_eval_set(name).specs}
+    assert TRAIN_SEED_LIMIT <= min(eval_seeds)
+    for step in range(0, 300):
+        for seed in step_seeds(0, step, step % 3, 16, eval_seeds):
+            assert seed not in eval_seeds and not is_eval_seed(seed)
