@@ -1,0 +1,94 @@
+"""The env service's typed configuration.
+
+`EnvConfig` holds the environment's limits and defaults (a YAML or TOML file, see `load_config`);
+`ServerSettings` the deployment settings, from environment variables prefixed `MMRL_ENV_`
+(e.g. MMRL_ENV_PORT=50051, MMRL_ENV_CONFIG_FILE=/etc/mmrl/env.yaml).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.env.maze import MIN_SIZE
+
+
+class EnvConfig(BaseModel):
+    """Limits and defaults of the maze environment service."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    max_live_episodes: int = Field(default=16384, ge=1)
+    """Most episodes alive at once; CreateEpisodes beyond it fails with RESOURCE_EXHAUSTED."""
+    idle_ttl_s: float = Field(default=900.0, gt=0)
+    """An episode neither created nor stepped for this long is forgotten (then NOT_FOUND)."""
+    max_batch: int = Field(default=4096, ge=1)
+    """Most specs, actions or episode ids in one request (INVALID_ARGUMENT beyond)."""
+    max_action_chars: int = Field(default=8192, ge=1)
+    """Longest accepted action text in characters (INVALID_ARGUMENT beyond)."""
+    default_max_moves: int | None = Field(default=None, ge=1)
+    """Move budget when a spec says 0; None: ceil(1.25 * cells), i.e. 20 for the 9x9 grid (4x4 cells)."""
+    max_max_moves: int = Field(default=10_000, ge=1)
+    """Largest move budget a spec may ask for."""
+    default_size: int = Field(default=9, ge=MIN_SIZE)
+    """Grid side (odd, outer wall included) when a spec has no "size" option."""
+    min_size: int = Field(default=MIN_SIZE, ge=MIN_SIZE)
+    """Smallest grid side accepted."""
+    max_size: int = Field(default=51, ge=MIN_SIZE, le=201)
+    """Largest grid side accepted."""
+    default_unit_px: int = Field(default=8, ge=1)
+    """Pixels per grid unit when a spec has no "unit_px" option (8: the 9x9 grid makes 80x80 px)."""
+    max_unit_px: int = Field(default=32, ge=1, le=64)
+    """Largest "unit_px" accepted."""
+    maze_cache_size: int = Field(default=1024, ge=0)
+    """Mazes (layout, solver distances, renderer) kept for reuse, least recently used out; the
+    episodes of a GRPO group play the same maze and share one."""
+    frame_cache: bool = True
+    """Cache each maze's PNG per agent cell (frames are deterministic; at most one per cell)."""
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> Self:
+        if not self.min_size <= self.default_size <= self.max_size:
+            raise ValueError(f"default_size {self.default_size} outside [{self.min_size}, {self.max_size}]")
+        if self.default_size % 2 == 0:
+            raise ValueError(f"default_size must be odd, got {self.default_size}")
+        if not 1 <= self.default_unit_px <= self.max_unit_px:
+            raise ValueError(f"default_unit_px {self.default_unit_px} outside [1, {self.max_unit_px}]")
+        return self
+
+    def max_moves_for(self, size: int) -> int:
+        """The default move budget for a grid of side `size`."""
+        if self.default_max_moves is not None:
+            return self.default_max_moves
+        num_cells = ((size - 1) // 2) ** 2
+        return math.ceil(1.25 * num_cells)
+
+
+class ServerSettings(BaseSettings):
+    """Deployment settings of `mmrl serve env`, from MMRL_ENV_* environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="MMRL_ENV_", extra="forbid", use_attribute_docstrings=True)
+
+    host: str = "0.0.0.0"
+    """Address to listen on (MMRL_ENV_HOST)."""
+    port: int = Field(default=50051, ge=0, le=65535)
+    """Port to listen on; 0 picks a free one (MMRL_ENV_PORT)."""
+    log_level: str = "INFO"
+    """Logging level (MMRL_ENV_LOG_LEVEL)."""
+    config_file: Path | None = None
+    """YAML or TOML file with EnvConfig fields (MMRL_ENV_CONFIG_FILE); unset: defaults."""
+
+
+def load_config(path: Path | None) -> EnvConfig:
+    """EnvConfig from a YAML (.yaml/.yml) or TOML (.toml) file; defaults when `path` is None."""
+    if path is None:
+        return EnvConfig()
+    text = path.read_text()
+    data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+    return EnvConfig.model_validate(data or {})

@@ -1,0 +1,95 @@
+"""Fixed, versioned evaluation sets and the seed ranges that keep training away from them.
+
+Seed ranges (the contract with training code):
+  [0, TRAIN_SEED_LIMIT) = [0, 1_000_000)          training seeds are drawn from here;
+  [EVAL_SEED_MIN, EVAL_SEED_MAX) = [1e6, 2e6)      reserved for eval sets: `is_eval_seed(seed)`.
+Eval set "maze-easy-64" v1 (the default): seeds 1_000_000 + i for i in 0..63, size 9 (4x4 cells),
+max_moves 20, default start/goal. "maze-hard-64" v1: seeds 1_100_000 + i, size 11 (5x5 cells),
+max_moves 32.
+
+Each set's content hash is the sha256 over, per spec in order, the spec as canonical JSON and the
+generated layout (`Maze.layout_text`, start and goal included). The hashes are recorded below;
+`tests/env/test_evalset.py` fails when generation, seeds or specs change. Changing a set on purpose
+means a new version (and a new recorded hash), never a silent edit.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import dataclass
+
+from services.env.config import EnvConfig
+from services.env.maze import generate_maze
+from services.env.spec import EpisodeSpec, parse_spec
+
+TRAIN_SEED_LIMIT = 1_000_000
+EVAL_SEED_MIN = 1_000_000
+EVAL_SEED_MAX = 2_000_000
+DEFAULT_EVAL_SET = "maze-easy-64"
+
+
+def is_eval_seed(seed: int) -> bool:
+    """Whether `seed` lies in the range reserved for eval sets (training must not use it)."""
+    return EVAL_SEED_MIN <= seed < EVAL_SEED_MAX
+
+
+@dataclass(frozen=True)
+class EvalSetRecipe:
+    version: str
+    first_seed: int
+    num_tasks: int
+    size: int
+    max_moves: int
+    recorded_hash: str
+
+
+RECIPES: dict[str, EvalSetRecipe] = {
+    "maze-easy-64": EvalSetRecipe(
+        version="v1", first_seed=1_000_000, num_tasks=64, size=9, max_moves=20,
+        recorded_hash="75d7e6b3ffb05931d5062b7aea65b1b9ac4a26140ba66b2430d0ee96a19d35db",
+    ),
+    "maze-hard-64": EvalSetRecipe(
+        version="v1", first_seed=1_100_000, num_tasks=64, size=11, max_moves=32,
+        recorded_hash="149034ad1cad20ee6b3557800643d3687a7870494a06d8fc2365db65b8816e89",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    name: str
+    version: str
+    content_hash: str
+    specs: tuple[EpisodeSpec, ...]
+
+
+def content_hash(specs: tuple[EpisodeSpec, ...] | list[EpisodeSpec]) -> str:
+    """sha256 over every spec (canonical JSON) and its generated layout."""
+    digest = hashlib.sha256()
+    config = EnvConfig()
+    for spec in specs:
+        settings = parse_spec(spec, config)
+        maze = generate_maze(settings.seed, settings.size, settings.start, settings.goal)
+        record = {"seed": spec.seed, "max_moves": spec.max_moves, "options": dict(sorted(spec.options.items()))}
+        digest.update(json.dumps(record, sort_keys=True).encode())
+        digest.update(b"\n")
+        digest.update(maze.layout_text().encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+@functools.cache
+def get_eval_set(name: str = "") -> EvalSet:
+    """The eval set called `name` ("" = the default set); KeyError for an unknown name."""
+    name = name or DEFAULT_EVAL_SET
+    if name not in RECIPES:
+        raise KeyError(f"unknown eval set {name!r} (known: {', '.join(sorted(RECIPES))})")
+    recipe = RECIPES[name]
+    specs = tuple(
+        EpisodeSpec(seed=recipe.first_seed + i, max_moves=recipe.max_moves, options={"size": str(recipe.size)})
+        for i in range(recipe.num_tasks)
+    )
+    assert all(is_eval_seed(spec.seed) for spec in specs)
+    return EvalSet(name=name, version=recipe.version, content_hash=content_hash(specs), specs=specs)

@@ -1,0 +1,130 @@
+"""Validating an episode spec (seed, max_moves, string options) into typed episode settings.
+
+Options of the maze environment (all values are strings, as in the proto's map):
+  size          grid side including the outer wall, odd, within the config's bounds (default "9")
+  unit_px       pixels per grid unit of the frames (default "8": 80x80 px for size 9)
+  require_stop  "true"/"false" (also 1/0, yes/no): VisGym-compatible mode, where reaching the goal
+                only counts when the agent then answers "stop" on it (default "false")
+  start, goal   cell "row,col" (0-based cell coordinates, not grid units; default top-left and
+                bottom-right cell)
+Seeds must be in [0, 2**53): negative seeds would alias positive ones, and larger ones do not survive
+the double-precision numbers of the info Struct. Unknown options are rejected (a typo would otherwise
+silently play a different task).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from services.env.config import EnvConfig
+from services.env.errors import invalid
+from services.env.maze import Cell, num_cells_per_side
+
+MAX_SEED = 2**53
+OPTIONS = ("goal", "require_stop", "size", "start", "unit_px")
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+_CELL = re.compile(r"^\s*\(?\s*(\d+)\s*,\s*(\d+)\s*\)?\s*$")
+
+
+class SpecLike(Protocol):
+    """What an episode spec provides; `mmrl.v1.env_pb2.EpisodeSpec` is one."""
+
+    @property
+    def seed(self) -> int: ...
+    @property
+    def max_moves(self) -> int: ...
+    @property
+    def options(self) -> Mapping[str, str]: ...
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """A plain episode spec (the eval set's, tests'), shaped like the proto message."""
+
+    seed: int
+    max_moves: int = 0
+    options: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """A validated spec: everything an episode needs, defaults filled in."""
+
+    seed: int
+    size: int
+    max_moves: int
+    unit_px: int
+    require_stop: bool
+    start: Cell
+    goal: Cell
+
+    @property
+    def maze_key(self) -> tuple[int, int, Cell, Cell, int]:
+        """What the maze and its frames depend on (the cache key)."""
+        return (self.seed, self.size, self.start, self.goal, self.unit_px)
+
+
+def _int_option(options: Mapping[str, str], name: str, default: int, where: str) -> int:
+    text = options.get(name)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise invalid(f"{where}.options.{name}", f"must be an integer, got {text!r}") from None
+
+
+def _cell_option(options: Mapping[str, str], name: str, default: Cell, n: int, where: str) -> Cell:
+    text = options.get(name)
+    if text is None:
+        return default
+    match = _CELL.match(text)
+    if match is None:
+        raise invalid(f"{where}.options.{name}", f"must be a cell 'row,col', got {text!r}")
+    cell = (int(match.group(1)), int(match.group(2)))
+    if not (cell[0] < n and cell[1] < n):
+        raise invalid(f"{where}.options.{name}", f"cell {text!r} is outside the {n}x{n} cells")
+    return cell
+
+
+def parse_spec(spec: SpecLike, config: EnvConfig, where: str = "spec") -> EpisodeSettings:
+    """Validates `spec`; raises EnvError(INVALID_ARGUMENT) naming the field, e.g. `specs[3].options.size`."""
+    options = spec.options
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise invalid(f"{where}.options", f"unknown option {unknown[0]!r} (known: {', '.join(OPTIONS)})")
+    if not 0 <= spec.seed < MAX_SEED:
+        raise invalid(f"{where}.seed", f"must be in [0, 2**53), got {spec.seed}")
+
+    size = _int_option(options, "size", config.default_size, where)
+    if size % 2 == 0:
+        raise invalid(f"{where}.options.size", f"must be odd, got {size}")
+    if not config.min_size <= size <= config.max_size:
+        raise invalid(f"{where}.options.size", f"must be in [{config.min_size}, {config.max_size}], got {size}")
+
+    if spec.max_moves < 0:
+        raise invalid(f"{where}.max_moves", f"must be >= 0 (0: default), got {spec.max_moves}")
+    if spec.max_moves > config.max_max_moves:
+        raise invalid(f"{where}.max_moves", f"must be <= {config.max_max_moves}, got {spec.max_moves}")
+    max_moves = spec.max_moves or config.max_moves_for(size)
+
+    unit_px = _int_option(options, "unit_px", config.default_unit_px, where)
+    if not 1 <= unit_px <= config.max_unit_px:
+        raise invalid(f"{where}.options.unit_px", f"must be in [1, {config.max_unit_px}], got {unit_px}")
+
+    require_stop_text = options.get("require_stop", "false").strip().lower()
+    if require_stop_text not in _TRUE + _FALSE:
+        raise invalid(f"{where}.options.require_stop", f"must be true or false, got {require_stop_text!r}")
+
+    n = num_cells_per_side(size)
+    start = _cell_option(options, "start", (0, 0), n, where)
+    goal = _cell_option(options, "goal", (n - 1, n - 1), n, where)
+    if start == goal:
+        raise invalid(f"{where}.options.goal", f"must differ from start, both are {start}")
+    return EpisodeSettings(
+        seed=spec.seed, size=size, max_moves=max_moves, unit_px=unit_px,
+        require_stop=require_stop_text in _TRUE, start=start, goal=goal,
+    )
