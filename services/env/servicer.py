@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import struct_pb2
 
-from mmrl.v1 import common_pb2, env_pb2, env_pb2_grpc
+from mmrl.v1 import env_pb2, env_pb2_grpc
 from services.env.environment import EpisodeView, MazeEnv
 from services.env.errors import EnvError
 
@@ -48,18 +48,18 @@ def _set_fields(struct: struct_pb2.Struct, values: dict[str, Any]) -> None:
             setattr(fields[key], kind, value)
 
 
-def to_proto(episode: EpisodeView) -> env_pb2.EpisodeState:
-    state = env_pb2.EpisodeState(
-        episode_id=episode.episode_id,
-        observation=env_pb2.Observation(
-            images=[common_pb2.Image(data=episode.frame_png, mime_type=PNG_MIME)], text=episode.text
-        ),
-        reward=episode.reward,
-        done=episode.done,
-    )
+def fill_state(state: env_pb2.EpisodeState, episode: EpisodeView) -> None:
+    """Writes `episode` into an empty EpisodeState in place (`response.episodes.add()`): building
+    nested messages in place avoids the copies that constructor arguments make."""
+    state.episode_id = episode.episode_id
+    image = state.observation.images.add()
+    image.data = episode.frame_png
+    image.mime_type = PNG_MIME
+    state.observation.text = episode.text
+    state.reward = episode.reward
+    state.done = episode.done
     state.info.MergeFromString(_static_info_struct(episode.static_info))
     _set_fields(state.info, episode.dynamic_info)
-    return state
 
 
 class EnvServicer(env_pb2_grpc.EnvServiceServicer):
@@ -82,11 +82,17 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
     ) -> env_pb2.CreateEpisodesResponse:
         episodes = await self._call(context, "CreateEpisodes", lambda: self.env.create(request.specs))
         log.debug("created episodes", extra={"num_episodes": len(episodes), "num_live": len(self.env.store)})
-        return env_pb2.CreateEpisodesResponse(episodes=[to_proto(episode) for episode in episodes])
+        response = env_pb2.CreateEpisodesResponse()
+        for episode in episodes:
+            fill_state(response.episodes.add(), episode)
+        return response
 
     async def Step(self, request: env_pb2.StepRequest, context: grpc.aio.ServicerContext) -> env_pb2.StepResponse:
         episodes = await self._call(context, "Step", lambda: self.env.step(request.actions))
-        return env_pb2.StepResponse(episodes=[to_proto(episode) for episode in episodes])
+        response = env_pb2.StepResponse()
+        for episode in episodes:
+            fill_state(response.episodes.add(), episode)
+        return response
 
     async def CloseEpisodes(
         self, request: env_pb2.CloseEpisodesRequest, context: grpc.aio.ServicerContext
