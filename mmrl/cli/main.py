@@ -9,7 +9,7 @@ import sys
 # command words -> (module, help). The module defines `main(argv: list[str]) -> int`.
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("init-model",): ("services.common.tiny_model", "build a random-initialised tiny Qwen3-VL model"),
-    ("sft",): ("services.learner.sft", "supervised warm start on BFS-optimal maze conversations"),
+    ("sft",): ("mmrl.cli.sft", "supervised warm start on BFS-optimal maze conversations"),
     ("serve", "env"): ("services.env.main", "serve the maze environment over gRPC"),
     ("serve", "rollout"): ("services.rollout.main", "serve vLLM generation over gRPC"),
     ("serve", "learner"): ("services.learner.main", "serve the GRPO learner over gRPC (torchrun)"),

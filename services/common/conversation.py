@@ -22,6 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# The system turn of maze conversations, shared by SFT data and GRPO runs (same prompt, same tokens).
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a maze solving agent. The image shows a maze. Reach the goal. "
+    "Reply with one move: up, down, left, right or stop."
+)
+
 
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
@@ -131,9 +137,11 @@ class TokenConversation:
         self.pending_compact += len(ids)
 
     def add_generation(
-        self, expanded_prompt: list[int], generated: list[int], generated_logprobs: list[float]
+        self, expanded_prompt: list[int], generated: list[int], generated_logprobs: list[float],
+        trainable: bool = True,
     ) -> None:
-        """Records one turn: the engine's expanded prompt and the tokens it generated."""
+        """Records one turn: the engine's expanded prompt and the tokens it generated (loss mask 1
+        unless `trainable` is False, e.g. a deliberate detour in SFT data)."""
         if len(generated) != len(generated_logprobs):
             raise ValueError("generated tokens and log-probs differ in length")
         if expanded_prompt[: len(self.record_ids)] != self.record_ids:
@@ -144,7 +152,7 @@ class TokenConversation:
         self.loss_mask += [0] * len(new_prompt)
         self.logprobs += [0.0] * len(new_prompt)
         self.record_ids += generated
-        self.loss_mask += [1] * len(generated)
+        self.loss_mask += [int(trainable)] * len(generated)
         self.logprobs += list(generated_logprobs)
         closing = self.chat.closing(generated)
         self.record_ids += closing

@@ -13,10 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_SYSTEM_PROMPT = (
-    "You are a maze solving agent. The image shows a maze. Reach the goal. "
-    "Reply with one move: up, down, left, right or stop."
-)
+from services.common.conversation import DEFAULT_SYSTEM_PROMPT
 
 
 class _Strict(BaseModel):

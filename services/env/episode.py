@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.env.actions import parse_action
-from services.env.maze import STOP, Cell, Maze
+from services.env.maze import STOP, Cell, Maze, optimal_action
 from services.env.render import MazeRenderer
 from services.env.spec import EpisodeSettings
 
@@ -128,6 +128,8 @@ class Episode:
             "wall_bump": self.wall_bump,
             "position": self.position,
             "moves_to_goal": int(self.maze.distance[self.position]),
+            # The BFS oracle's next move from here ("stop" on the goal): the expert for SFT data.
+            "optimal_action": optimal_action(self.maze, self.position),
         }
 
     def info(self) -> dict[str, Any]:

@@ -125,3 +125,6 @@ def test_info_has_every_documented_field() -> None:
     assert info["seed"] == 2 and info["size"] == 11 and info["max_moves"] == 20
     assert info["last_action"] == "down" and info["moves"] == 1
     assert info["moves_to_goal"] == episode.maze.distance[episode.position]
+    before = info["moves_to_goal"]
+    episode.step(info["optimal_action"])  # the oracle's move gets one move closer to the goal
+    assert episode.info()["moves_to_goal"] == before - 1

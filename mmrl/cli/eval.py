@@ -1,0 +1,122 @@
+"""`mmrl eval`: evaluate a model (and optionally a LoRA adapter) on the fixed eval set or a seed
+range, through the env and rollout services (started locally unless their addresses are given)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from mmrl.cli.stack import Stack, StackConfig
+from mmrl.v1 import env_pb2
+from services.common import storage
+from services.common.conversation import DEFAULT_SYSTEM_PROMPT, ChatTokens
+from services.coordinator.clients import CallPolicy, Services
+from services.coordinator.episodes import Timers
+from services.coordinator.evaluation import EvalPlan, run_eval
+from services.coordinator.manager import load_tokenizer
+
+PRESETS = {"easy": ("maze-easy-64", 9, 20), "hard": ("maze-hard-64", 11, 32)}
+
+
+def parse_seeds(text: str) -> range:
+    first, sep, last = text.partition("-")
+    if not sep or not first.isdigit() or not last.isdigit() or int(last) < int(first):
+        raise SystemExit(f"--seeds expects A-B with A <= B, got {text!r}")
+    return range(int(first), int(last) + 1)
+
+
+async def evaluate(
+    env_addr: str, rollout_addr: str, model: Path, *, size: str = "easy", seeds: range | None = None,
+    adapter: tuple[str, int, str] | None = None, samples: int = 0, temperature: float = 1.0,
+    max_tokens: int = 4, system_prompt: str = DEFAULT_SYSTEM_PROMPT, keep_frames: bool = False,
+) -> tuple[dict[str, Any], list[Any]]:
+    """Greedy (and optionally sampled) evaluation; `adapter` is (run_id, version, path) to load first."""
+    name, grid, max_moves = PRESETS[size]
+    services = Services.connect(env_addr, [rollout_addr], "127.0.0.1:1", CallPolicy(timeout_s=600, retries=2))
+    try:
+        if seeds is None:
+            eval_set = await services.env.call("GetEvalSet", services.env.stub.GetEvalSet,
+                                               env_pb2.GetEvalSetRequest(name=name))
+            specs = list(eval_set.specs)
+        else:
+            specs = [env_pb2.EpisodeSpec(seed=s, max_moves=max_moves, options={"size": str(grid)}) for s in seeds]
+        version = 0
+        run_id = "eval"
+        if adapter is not None:
+            run_id, version, path = adapter
+            await services.rollouts[0].load_adapter(run_id, version, path)
+        tokenizer = load_tokenizer(str(model))
+        plan = EvalPlan(specs=specs, max_tokens=max_tokens, sampled_samples=samples,
+                        sampled_temperature=temperature, max_turns=max(int(s.max_moves) for s in specs),
+                        system_prompt=system_prompt)
+        summary, greedy = await run_eval(services, tokenizer, ChatTokens.from_tokenizer(tokenizer), plan,
+                                         run_id=run_id, adapter_version=version, seed=0, timers=Timers(),
+                                         keep_frames=keep_frames)
+    finally:
+        await services.close()
+    return summary, greedy
+
+
+def stage_adapter(adapter_dir: Path, shared_root: Path) -> tuple[str, int, str]:
+    """Copies an adapter into the shared root as version 1 of run 'eval' (with a fresh manifest)."""
+    target = storage.adapter_dir(shared_root, "eval", 1)
+    if target.exists():
+        shutil.rmtree(target)
+
+    def copy(tmp: Path) -> None:
+        for name in ("adapter_model.safetensors", "adapter_config.json"):
+            shutil.copy2(adapter_dir / name, tmp / name)
+
+    storage.publish_directory(target, copy)
+    return "eval", 1, str(target.resolve())
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="mmrl eval", description=__doc__)
+    parser.add_argument("--model", type=Path, required=True, help="model directory")
+    parser.add_argument("--adapter", type=Path, help="LoRA adapter directory (peft format)")
+    parser.add_argument("--size", choices=sorted(PRESETS), default="easy", help="maze preset / eval set")
+    parser.add_argument("--seeds", help="A-B: evaluate on this seed range instead of the fixed set")
+    parser.add_argument("--samples", type=int, default=0, help="sampled episodes per maze besides greedy")
+    parser.add_argument("--temperature", type=float, default=1.0, help="temperature of sampled episodes")
+    parser.add_argument("--env", help="env service host:port (default: start one)")
+    parser.add_argument("--rollout", help="rollout service host:port (default: start one on --model)")
+    parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/eval"))
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    args = parser.parse_args(argv)
+    if not (args.model / "config.json").is_file():
+        raise SystemExit(f"--model {args.model}: no config.json there")
+
+    started = time.perf_counter()
+    stack = Stack(StackConfig(model=args.model.resolve(), state_dir=args.state_dir))
+    try:
+        needed = tuple(s for s, given in (("env", args.env), ("rollout", args.rollout)) if not given)
+        if needed:
+            stack.start(needed, log=not args.json)
+        adapter = stage_adapter(args.adapter, stack.config.shared_root) if args.adapter else None
+        if adapter and args.rollout:
+            raise SystemExit("--adapter needs the rollout service started by mmrl eval (omit --rollout)")
+        summary, _ = asyncio.run(evaluate(
+            args.env or stack.address("env"), args.rollout or stack.address("rollout"), args.model,
+            size=args.size, seeds=parse_seeds(args.seeds) if args.seeds else None, adapter=adapter,
+            samples=args.samples, temperature=args.temperature))
+    finally:
+        stack.stop()
+    result = {
+        "solve_rate": summary["greedy_solve_rate"], "episodes": summary["episodes"],
+        "mean_moves_over_optimal": summary["mean_moves_over_optimal"],
+        "sampled_solve_rate": summary["sampled_solve_rate"], "model": str(args.model),
+        "adapter": str(args.adapter) if args.adapter else None, "wall_s": time.perf_counter() - started,
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        ratio = result["mean_moves_over_optimal"]
+        print(f"solve rate {result['solve_rate']:.4f} over {result['episodes']} mazes; mean moves/optimal "
+              f"{ratio:.3f}" if ratio is not None else f"solve rate {result['solve_rate']:.4f}")
+    return 0

@@ -1,0 +1,204 @@
+"""Supervised warm start: expert multi-turn maze conversations from the environment's BFS oracle,
+trained on the action tokens only, with the learner's batch and log-prob code.
+
+Data. Each conversation is played against the env service (gRPC): the system turn, then per turn
+the frame + observation text and the expert action (`info["optimal_action"]`, the BFS oracle's
+next move). With `perturb_prob` > 0 a turn may instead take a random non-optimal move that is *not*
+trained on, so the expert's recovery from detours and wall bumps ("You hit a wall.") is in the
+data. Conversations are token ids built exactly as the coordinator builds them
+(services.common.conversation), with image placeholders expanded to the processor's token count,
+so SFT and GRPO see identical prompts.
+
+Training is a full fine-tune (every weight of the model, vision tower included) with the token-mean
+negative log-likelihood of the action tokens (<|im_end|> included), AdamW and linear warm-up. The
+result is a standard HF model directory that `mmrl serve rollout --model` and the learner load.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+from google.protobuf.json_format import MessageToDict
+from pydantic import BaseModel, ConfigDict, Field
+
+from mmrl.v1 import env_pb2, env_pb2_grpc
+from services.common.conversation import (
+    DEFAULT_SYSTEM_PROMPT,
+    ChatTokens,
+    TokenConversation,
+    expand_image_placeholders,
+)
+from services.common.trajectory import Trajectory
+from services.learner.batch import ModelSpec, collate, decode_image, prepare_batch
+from services.learner.policy import load_base_model, load_processor, token_logprobs
+
+log = logging.getLogger("mmrl.learner.sft")
+ACTIONS = ("up", "down", "left", "right")
+
+
+class SftConfig(BaseModel):
+    """`mmrl sft --config FILE` settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_model: str = Field(..., description="HF model directory to fine-tune.")
+    out: str = Field(..., description="Output model directory (standard HF layout).")
+    size: int = Field(9, ge=5, le=51, description="Maze grid side (odd).")
+    max_moves: int = Field(20, ge=1, description="Move budget of each expert episode.")
+    num_mazes: int = Field(2000, ge=1, description="Distinct training mazes (seeds first_seed..).")
+    first_seed: int = Field(500_000, ge=0, lt=1_000_000, description="First training seed (< 1e6: never eval).")
+    perturb_prob: float = Field(0.0, ge=0.0, lt=1.0, description="Chance of an untrained random move per turn.")
+    updates: int = Field(300, ge=0, description="Optimiser updates (the SFT budget).")
+    batch_size: int = Field(16, ge=1, description="Conversations per update.")
+    micro_batch_size: int = Field(16, ge=1, description="Conversations per forward/backward.")
+    learning_rate: float = Field(1e-3, gt=0.0, description="Peak AdamW learning rate.")
+    warmup_steps: int = Field(20, ge=0, description="Linear warm-up updates.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, description="System turn (must match the GRPO runs).")
+    seed: int = Field(0, description="Seed of data perturbation, shuffling and dropout.")
+
+    def fingerprint(self) -> str:
+        """Identifies the checkpoint this config produces (used to reuse a cached SFT)."""
+        import hashlib
+
+        return hashlib.sha256(self.model_dump_json(exclude={"out"}).encode()).hexdigest()[:16]
+
+
+def expert_conversations(
+    env_address: str, config: SftConfig, tokenizer: Any, tokens_per_image: Callable[[bytes], int],
+    batch: int = 256,
+) -> list[Trajectory]:
+    """Plays expert episodes on the env service and returns them as trajectories (loss on actions)."""
+    chat = ChatTokens.from_tokenizer(tokenizer)
+    rng = random.Random(config.seed)
+    trajectories: list[Trajectory] = []
+    with grpc.insecure_channel(env_address) as sync_channel:
+        stub = env_pb2_grpc.EnvServiceStub(sync_channel)
+        for first in range(0, config.num_mazes, batch):
+            seeds = range(config.first_seed + first, config.first_seed + min(first + batch, config.num_mazes))
+            specs = [env_pb2.EpisodeSpec(seed=s, max_moves=config.max_moves,
+                                         options={"size": str(config.size)}) for s in seeds]
+            created = stub.CreateEpisodes(env_pb2.CreateEpisodesRequest(specs=specs), timeout=120)
+            convs = {}
+            states = {}
+            for spec, state in zip(specs, created.episodes, strict=True):
+                conv = TokenConversation(chat)
+                conv.add_system(tokenizer, config.system_prompt)
+                states[state.episode_id] = (spec, state)
+                convs[state.episode_id] = conv
+            while states:
+                actions = []
+                for episode_id, (_spec, state) in states.items():
+                    info = MessageToDict(state.info)
+                    expert = str(info["optimal_action"])
+                    detour = rng.random() < config.perturb_prob and expert != "stop"
+                    action = rng.choice([a for a in ACTIONS if a != expert]) if detour else expert
+                    conv = convs[episode_id]
+                    frames = [img.data for img in state.observation.images]
+                    conv.add_observation(tokenizer, state.observation.text, frames)
+                    expanded = expand_image_placeholders(conv.compact_ids, chat.image_pad,
+                                                         [tokens_per_image(f) for f in conv.images])
+                    generated = [*tokenizer.encode(action, add_special_tokens=False), chat.im_end]
+                    # A detour is played, not imitated: only the expert's moves are trained on.
+                    conv.add_generation(expanded, generated, [0.0] * len(generated), trainable=not detour)
+                    actions.append(env_pb2.EpisodeAction(episode_id=episode_id, action=action))
+                stepped = stub.Step(env_pb2.StepRequest(actions=actions), timeout=120)
+                for new_state in stepped.episodes:
+                    spec, _ = states[new_state.episode_id]
+                    if new_state.done:
+                        del states[new_state.episode_id]
+                        conv = convs[new_state.episode_id]
+                        if new_state.reward > 0 and sum(conv.loss_mask) > 0:
+                            trajectories.append(_to_trajectory(conv, f"sft-{spec.seed}", new_state.reward))
+                    else:
+                        states[new_state.episode_id] = (spec, new_state)
+            stub.CloseEpisodes(env_pb2.CloseEpisodesRequest(episode_ids=list(convs)), timeout=60)
+    return trajectories
+
+
+def _to_trajectory(conv: TokenConversation, trajectory_id: str, reward: float) -> Trajectory:
+    return Trajectory(
+        trajectory_id=trajectory_id, token_ids=tuple(conv.record_ids), loss_mask=tuple(conv.loss_mask),
+        logprobs=tuple(conv.logprobs), advantages=tuple(float(m) for m in conv.loss_mask),
+        turn_starts=tuple(conv.turn_starts), images=tuple(conv.images), reward=reward,
+    )
+
+
+def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Builds the data, fine-tunes, saves the model directory; returns a report."""
+    started = time.perf_counter()
+    torch.manual_seed(config.seed)
+    processor = load_processor(Path(config.base_model))
+    model = load_base_model(Path(config.base_model))
+    spec = ModelSpec.from_config(model.config)
+
+    per_image: list[int] = []
+
+    def tokens_per_image(frame: bytes) -> int:
+        """Image tokens of a frame; every frame of one maze size has the same shape."""
+        if not per_image:
+            images = [decode_image(frame)]
+            grid = processor.image_processor(images=images, return_tensors="pt")["image_grid_thw"]
+            per_image.append(int(grid.prod().item()) // spec.merge_size**2)
+        return per_image[0]
+
+    data = expert_conversations(env_address, config, processor.tokenizer, tokens_per_image)
+    num_actions = sum(t.num_generated_tokens for t in data)
+    progress(f"sft data: {len(data)} expert conversations, {num_actions} action tokens "
+             f"({time.perf_counter() - started:.1f} s)")
+    prepared = prepare_batch(data, spec, processor.image_processor)
+
+    model.requires_grad_(True)  # full fine-tune: every weight trains
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / config.warmup_steps) if config.warmup_steps else 1.0)
+    rng = random.Random(config.seed)
+    order: list[int] = []
+    history = []
+    for update in range(1, config.updates + 1):
+        if len(order) < config.batch_size:
+            order += rng.sample(range(len(prepared)), len(prepared))
+        picked = [prepared[i] for i in order[: config.batch_size]]
+        del order[: config.batch_size]
+        total_tokens = sum(p.num_generated for p in picked)
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for first in range(0, len(picked), config.micro_batch_size):
+            batch = collate(picked[first:first + config.micro_batch_size], spec.pad_token_id, spec.image_token_id)
+            logprobs, _ = token_logprobs(model, batch, "cpu", with_entropy=False)
+            loss = -(logprobs * batch.loss_mask).sum() / total_tokens
+            loss.backward()
+            loss_sum += float(loss.item())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        optimizer.step()
+        schedule.step()
+        history.append({"update": update, "loss": loss_sum})
+        if update % 25 == 0 or update == config.updates:
+            progress(f"sft update {update}/{config.updates}  nll/token {loss_sum:.4f}  "
+                     f"({time.perf_counter() - started:.0f} s)")
+    out = Path(config.out)
+    tmp = out.parent / f".tmp-{out.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    processor.save_pretrained(tmp)
+    report = {
+        "config": config.model_dump(), "fingerprint": config.fingerprint(), "num_conversations": len(data),
+        "num_action_tokens": num_actions, "updates": config.updates, "final_loss": history[-1]["loss"] if history else None,
+        "loss_history": history, "sft_wall_s": time.perf_counter() - started, "kind": "full-fine-tune",
+    }
+    (tmp / "sft_report.json").write_text(json.dumps(report, indent=2))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    log.info("sft saved", extra={"out": str(out), "wall_s": report["sft_wall_s"]})
+    return report
