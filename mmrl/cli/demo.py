@@ -1,0 +1,103 @@
+"""`mmrl demo`: the main job. Builds the tiny model, runs (or reuses) the SFT warm start, starts the
+stack, runs GRPO through the REST API with live progress, and writes the learning curve (JSON +
+PNG), a solved eval episode as an image strip, and a summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from mmrl.cli.report import episode_strip, learning_curve, plot_curve, write_json
+from mmrl.cli.run import ApiClient, load_config_dict, parse_overrides, watch
+from mmrl.cli.sft import load_sft_config, run_sft
+from mmrl.cli.stack import Stack, StackConfig
+from mmrl.cli.up import ensure_tiny_model
+
+
+def sft_checkpoint(args: argparse.Namespace, base_model: Path) -> tuple[Path, float, dict[str, Any]]:
+    """The SFT start: reused when a checkpoint of the same config exists, else trained now."""
+    config = load_sft_config(args.sft_config, args.state_dir / "models" / "sft", base_model.resolve())
+    out = Path(config.out)
+    report_path = out / "sft_report.json"
+    if report_path.is_file():
+        report = json.loads(report_path.read_text())
+        if report.get("fingerprint") == config.fingerprint() and "eval" in report:
+            print(f"reusing the SFT checkpoint {out} (same config; trained in {report['sft_wall_s']:.0f} s)")
+            return out, float(report["sft_wall_s"]), report
+    print(f"SFT warm start ({config.updates} updates) -> {out}", flush=True)
+    report = run_sft(config, args.state_dir / "sft")
+    return out, float(report["sft_wall_s"]), report
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="mmrl demo", description=__doc__)
+    parser.add_argument("--model", type=Path, default=Path(".mmrl/models/tiny"),
+                        help="base model (the tiny model is built there if missing)")
+    parser.add_argument("--sft-config", type=Path, default=Path("configs/sft-tiny.yaml"))
+    parser.add_argument("--config", type=Path, default=Path("configs/maze-tiny-cpu.yaml"), help="GRPO run config")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run config key")
+    parser.add_argument("--steps", type=int, help="GRPO steps (overrides the run config)")
+    parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/demo"), help="models, logs, shared root")
+    parser.add_argument("--out", type=Path, default=Path("outputs/demo"), help="where the results go")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    args = parser.parse_args(argv)
+
+    base = ensure_tiny_model(args.model) if args.model == Path(".mmrl/models/tiny") else args.model
+    sft_model, sft_wall_s, sft_report = sft_checkpoint(args, base)
+    overrides = parse_overrides(args.set)
+    overrides["model"] = str(sft_model.resolve())
+    if args.steps:
+        overrides["steps"] = args.steps
+    config = load_config_dict(args.config, overrides)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "run_config.json", config)
+
+    stack = Stack(StackConfig(model=sft_model.resolve(), state_dir=args.state_dir))
+    with stack:
+        stack.start()
+        api = ApiClient(stack.api_url)
+        started = time.perf_counter()
+        run = api.start(config)
+        print(f"GRPO run {run['id']} started; watching (API {stack.api_url})", flush=True)
+        final = watch(api, run["id"], interval_s=2.0)
+        grpo_wall_s = time.perf_counter() - started
+        evals = api.request("GET", f"/v1/runs/{run['id']}/evals")["evals"]
+        metrics = api.request("GET", f"/v1/runs/{run['id']}/metrics")["metrics"]
+        episodes = api.request("GET", f"/v1/runs/{run['id']}/episodes", params={"kind": "eval"})["episodes"]
+    if final["state"] != "succeeded":
+        print(f"the run ended {final['state']}: {final['failure_reason']}")
+        return 1
+
+    curve = learning_curve(evals, metrics)
+    write_json(args.out / "curve.json", curve)
+    plot_curve(curve, args.out / "curve.png", f"GRPO from SFT, {evals[0]['episodes']} fixed eval mazes")
+    last_step = evals[-1]["step"]
+    solved = [e for e in episodes if e["step"] == last_step and e["solved"] and e["frames"]]
+    strip = None
+    if solved:
+        best = max(solved, key=lambda e: len(e["frames"]))
+        strip = args.out / "solved_episode.png"
+        episode_strip([Path(f) for f in best["frames"]], best["actions"], strip)
+    final_adapter = stack.config.shared_root / "runs" / run["id"] / "adapters" / f"v{final['adapter_version']:06d}"
+    summary = {
+        "start_solve_rate": evals[0]["greedy_solve_rate"], "end_solve_rate": evals[-1]["greedy_solve_rate"],
+        "start_sampled_solve_rate": evals[0].get("sampled_solve_rate"),
+        "end_sampled_solve_rate": evals[-1].get("sampled_solve_rate"),
+        "sft_solve_rate": sft_report.get("eval", {}).get("greedy_solve_rate"),
+        "steps": final["step"], "grpo_wall_s": round(grpo_wall_s, 1), "sft_wall_s": round(sft_wall_s, 1),
+        "mean_step_s": round(sum(m.get("time/step_s", 0) for m in metrics) / max(len(metrics), 1), 2),
+        "run_id": run["id"], "output_dir": str(args.out.resolve()), "model_dir": str(sft_model.resolve()),
+        "final_adapter_dir": str(final_adapter.resolve()), "curve_png": str((args.out / "curve.png").resolve()),
+        "solved_episode_png": str(strip.resolve()) if strip else None,
+    }
+    write_json(args.out / "summary.json", summary)
+    print(f"\neval solve rate (greedy, {evals[0]['episodes']} mazes): {summary['start_solve_rate']:.3f} at step 0"
+          f" -> {summary['end_solve_rate']:.3f} at step {last_step}")
+    print(f"GRPO {summary['grpo_wall_s']:.0f} s, SFT {summary['sft_wall_s']:.0f} s; outputs in {args.out}/ "
+          "(curve.json, curve.png, solved_episode.png, summary.json)")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
