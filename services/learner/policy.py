@@ -1,0 +1,105 @@
+"""The policy: a Hugging Face vision-language model with a peft LoRA adapter, and its per-token
+log-probs and entropies on a `PolicyBatch`.
+
+The reference policy for the KL term is the same model with the adapter disabled (no second copy
+of the weights): `reference_logprobs`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.learner.batch import PolicyBatch
+from services.learner.config import LearnerRunConfig
+
+ADAPTER_NAME = "default"
+
+
+def load_base_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> Any:
+    """Loads any HF image-text-to-text checkpoint (Qwen3-VL first), frozen, in eval mode (no
+    dropout in the base model; LoRA dropout is switched on by `train()` on the adapter only)."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype)
+    model.requires_grad_(False)
+    model.eval()
+    return model
+
+
+def load_processor(model_dir: Path) -> Any:
+    """The model's HF processor (the same one the rollout engine uses)."""
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(model_dir)
+
+
+def add_lora(model: Any, config: LearnerRunConfig) -> Any:
+    """Wraps `model` in a peft LoRA model on the modules matching `config.lora_target_modules`.
+
+    The initialisation is seeded with `config.seed` (B = 0, so the adapter starts as the identity
+    and every rank builds the same weights). Raises ValueError when no module matches.
+    """
+    import re
+
+    from peft import LoraConfig, get_peft_model
+
+    pattern = re.compile(config.lora_target_modules)
+    matched = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and pattern.fullmatch(n)]
+    if not matched:
+        raise ValueError(f"lora_target_modules {config.lora_target_modules!r} matches no linear layer")
+    lora = LoraConfig(
+        r=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=config.lora_target_modules,
+        bias="none",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        peft_model = get_peft_model(model, lora, adapter_name=ADAPTER_NAME)
+    for name, param in peft_model.named_parameters():
+        if param.requires_grad:
+            assert "lora_" in name, f"only LoRA weights may train, not {name}"
+            param.data = param.data.float()
+    return peft_model
+
+
+def trainable_parameters(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def token_logprobs(
+    model: Any, batch: PolicyBatch, device: torch.device | str, with_entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of the tokens at `batch.target_cols` under `model`, and the entropy of the
+    next-token distribution there:
+
+        logp[b, k] = log softmax(z[b, c_k - 1])[x[b, c_k]]       z: logits, x: input ids
+        H[b, k]    = -sum_v p_v log p_v  of the same distribution
+
+    Logits are computed only at the K needed positions and upcast to float32 before the softmax.
+    Returns ([B, K], [B, K] or None); rows or columns that are not generated hold values for
+    whatever token is there (the caller masks them).
+    """
+    positions = (batch.target_cols - 1).to(device)
+    output = model(**batch.model_inputs(device), logits_to_keep=positions, use_cache=False)
+    logits = output.logits.float()  # [B, K, V]
+    targets = batch.input_ids.to(device)[:, batch.target_cols.to(device)]  # [B, K]
+    log_probs = torch.log_softmax(logits, dim=-1)
+    logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        detached = log_probs.detach()
+        entropy = -(detached.exp() * detached).sum(-1)
+    return logprobs, entropy
+
+
+@torch.no_grad()
+def reference_logprobs(model: Any, batch: PolicyBatch, device: torch.device | str) -> torch.Tensor:
+    """`token_logprobs` of the reference policy: the same model with the adapter disabled."""
+    with model.disable_adapter():
+        logprobs, _ = token_logprobs(model, batch, device, with_entropy=False)
+    return logprobs

@@ -1,0 +1,147 @@
+"""Trajectories -> model inputs: validation naming the trajectory, padding, scored positions,
+frame processing and sharding across ranks."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from PIL import Image
+
+from services.common.trajectory import Trajectory
+from services.learner.batch import (
+    FrameProcessor,
+    ModelSpec,
+    collate,
+    image_token_runs,
+    prepare_batch,
+)
+from services.learner.distributed import plan_shards
+from services.learner.synthetic import maze_frame
+
+
+@pytest.fixture(scope="module")
+def spec(tiny_model_dir: Path) -> ModelSpec:
+    from transformers import AutoConfig
+
+    return ModelSpec.from_config(AutoConfig.from_pretrained(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def frames(tiny_model_dir: Path) -> FrameProcessor:
+    from transformers import AutoProcessor
+
+    return FrameProcessor(AutoProcessor.from_pretrained(tiny_model_dir).image_processor)
+
+
+def _replace(traj: Trajectory, **changes: Any) -> Trajectory:
+    return dataclasses.replace(traj, **changes)
+
+
+def _shorter(name: str) -> Callable[[Trajectory], Trajectory]:
+    return lambda t: _replace(t, **{name: getattr(t, name)[:-1]})
+
+
+def _frame_of_another_size(t: Trajectory) -> Trajectory:
+    buffer = io.BytesIO()
+    Image.new("RGB", (112, 112), (9, 9, 9)).save(buffer, format="PNG")
+    return _replace(t, images=(buffer.getvalue(), *t.images[1:]))
+
+
+BAD_INPUTS: dict[str, tuple[Callable[[Trajectory], Trajectory], str]] = {
+    "logprobs shorter than token_ids": (_shorter("logprobs"), "logprobs has"),
+    "advantages shorter than token_ids": (_shorter("advantages"), "advantages has"),
+    "loss_mask shorter than token_ids": (_shorter("loss_mask"), "loss_mask has"),
+    "token id outside the vocabulary": (lambda t: _replace(t, token_ids=(*t.token_ids[:-1], 10**6)),
+                                        "outside the vocabulary"),
+    "negative token id": (lambda t: _replace(t, token_ids=(-1, *t.token_ids[1:])), "outside the vocabulary"),
+    "image that does not decode": (lambda t: _replace(t, images=(b"not a png", *t.images[1:])),
+                                   "image 0 does not decode"),
+    "truncated PNG": (lambda t: _replace(t, images=(t.images[0][:40], *t.images[1:])), "image 0 does not decode"),
+    "one image too few": (lambda t: _replace(t, images=t.images[:-1]), "placeholder runs but"),
+    "image of another size than its placeholder run": (_frame_of_another_size, "placeholder run of 25 tokens"),
+    "generated first token": (lambda t: _replace(t, loss_mask=(1, *t.loss_mask[1:])), "first token"),
+    "nothing generated": (lambda t: _replace(t, loss_mask=(0,) * len(t.loss_mask)), "no generated tokens"),
+    "non-finite advantage": (lambda t: _replace(t, advantages=tuple(float("nan") if m else 0.0
+                                                                    for m in t.loss_mask)), "not finite"),
+    "mask value 2": (lambda t: _replace(t, loss_mask=tuple(2 if m else 0 for m in t.loss_mask)), "0 or 1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_trajectories_are_rejected_with_a_message_naming_them(
+    case: str, trajectories: list[Trajectory], spec: ModelSpec, frames: FrameProcessor
+) -> None:
+    corrupt, expected = BAD_INPUTS[case]
+    batch = list(trajectories)
+    batch[2] = corrupt(batch[2])
+    with pytest.raises(ValueError, match=expected) as info:
+        prepare_batch(batch, spec, frames)
+    assert "trajectory #2" in str(info.value)
+    assert repr(trajectories[2].trajectory_id) in str(info.value)
+
+
+def test_an_empty_batch_is_rejected(spec: ModelSpec, frames: FrameProcessor) -> None:
+    with pytest.raises(ValueError, match="no trajectories"):
+        prepare_batch([], spec, frames)
+
+
+def test_collate_right_pads_and_gathers_only_generated_positions(
+    trajectories: list[Trajectory], spec: ModelSpec, frames: FrameProcessor
+) -> None:
+    prepared = prepare_batch(trajectories[:3], spec, frames)
+    short = dataclasses.replace(prepared[1], input_ids=prepared[1].input_ids[:-2],
+                                loss_mask=prepared[1].loss_mask[:-2],
+                                rollout_logprobs=prepared[1].rollout_logprobs[:-2],
+                                advantages=prepared[1].advantages[:-2])
+    batch = collate([prepared[0], short], spec.pad_token_id, spec.image_token_id)
+    width = prepared[0].num_tokens
+    assert batch.input_ids.shape == (2, width)
+    assert batch.attention_mask[1].tolist() == [1] * (width - 2) + [0, 0]
+    assert batch.input_ids[1, -2:].tolist() == [spec.pad_token_id] * 2
+    # Every image-pad token of each row, and nothing else, is marked as image.
+    assert batch.mm_token_type_ids.sum().item() == 2 * 3 * 25
+    assert torch.equal(batch.mm_token_type_ids.bool(), batch.input_ids == spec.image_token_id)
+    # Scored columns are exactly the generated ones, with the per-token data gathered there.
+    generated = prepared[0].loss_mask.nonzero().squeeze(1)
+    assert torch.equal(batch.target_cols, generated)
+    assert torch.equal(batch.loss_mask[0], torch.ones(len(generated)))
+    assert torch.equal(batch.advantages[0], prepared[0].advantages[generated])
+    assert torch.equal(batch.rollout_logprobs[0], prepared[0].rollout_logprobs[generated])
+    assert batch.image_grid_thw is not None and batch.image_grid_thw.tolist() == [[1, 10, 10]] * 6
+    assert batch.pixel_values is not None and batch.pixel_values.shape[0] == 6 * 100
+
+
+def test_frame_processor_gives_the_tensors_of_processing_a_trajectorys_frames_together(
+    tiny_model_dir: Path,
+) -> None:
+    from transformers import AutoProcessor
+
+    image_processor = AutoProcessor.from_pretrained(tiny_model_dir).image_processor
+    cached = FrameProcessor(image_processor, max_cached=2)
+    data = [maze_frame(seed) for seed in (1, 2, 1, 3)]
+    pixels, grid = cached(data)
+    together = image_processor(images=[Image.open(io.BytesIO(d)) for d in data], return_tensors="pt")
+    assert torch.equal(pixels, together["pixel_values"])
+    assert torch.equal(grid, together["image_grid_thw"])
+    again, _ = cached(data)  # served partly from the cache, which stays bounded
+    assert torch.equal(again, pixels) and len(cached._cache) == 2
+
+
+def test_image_token_runs_finds_each_maximal_run() -> None:
+    assert image_token_runs([1, 5, 5, 2, 5, 3, 5, 5, 5], 5) == [(1, 2), (4, 1), (6, 3)]
+    assert image_token_runs([1, 2], 5) == []
+
+
+def test_plan_shards_balances_lengths_and_pads_short_ranks() -> None:
+    lengths = [10, 50, 30, 40, 20]
+    shards = plan_shards(lengths, 2)
+    assert shards == [[(1, False), (2, False), (0, False)], [(3, False), (4, False), (0, True)]]
+    assert plan_shards(lengths, 1) == [[(1, False), (3, False), (2, False), (4, False), (0, False)]]
+    tiny = plan_shards([7], 3)
+    assert tiny == [[(0, False)], [(0, True)], [(0, True)]]

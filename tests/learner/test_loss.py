@@ -1,0 +1,144 @@
+"""The GRPO/DAPO maths against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from services.learner.config import LearnerRunConfig
+from services.learner.loss import (
+    aggregation_weights,
+    clipped_surrogate,
+    kl_k3,
+    policy_loss,
+    truncated_is_weights,
+)
+from services.learner.optim import learning_rate_at
+
+
+def _t(*values: float) -> torch.Tensor:
+    return torch.tensor([list(values)], dtype=torch.float64)
+
+
+def test_clipped_surrogate_matches_hand_computed_values_on_both_sides_of_the_clip() -> None:
+    ratios = [1.5, 0.5, 1.1, 0.7, 1.5]
+    advantages = _t(1.0, -1.0, 2.0, 1.0, -1.0)
+    logprobs = torch.log(_t(*ratios))
+    loss, clipped = clipped_surrogate(logprobs, torch.zeros_like(logprobs), advantages, 0.2, 0.28)
+    # r=1.5, A=+1: min(1.5, 1.28) = 1.28 -> clipped above
+    # r=0.5, A=-1: min(-0.5, -0.8) = -0.8 -> clipped below
+    # r=1.1, A=+2: 2.2, inside the clip range
+    # r=0.7, A=+1: min(0.7, 0.8) = 0.7: the lower clip does not bind for a positive advantage
+    # r=1.5, A=-1: min(-1.5, -1.28) = -1.5: the upper clip does not bind for a negative advantage
+    assert loss.tolist()[0] == pytest.approx([-1.28, 0.8, -2.2, -0.7, 1.5])
+    assert clipped.tolist()[0] == [True, True, False, False, False]
+
+
+def test_clip_higher_lets_a_positive_advantage_grow_further_than_the_symmetric_clip() -> None:
+    logprobs = torch.log(_t(1.25))
+    symmetric, clipped_sym = clipped_surrogate(logprobs, torch.zeros_like(logprobs), _t(1.0), 0.2, 0.2)
+    higher, clipped_high = clipped_surrogate(logprobs, torch.zeros_like(logprobs), _t(1.0), 0.2, 0.28)
+    assert symmetric.item() == pytest.approx(-1.2) and clipped_sym.item()
+    assert higher.item() == pytest.approx(-1.25) and not clipped_high.item()
+
+
+def test_on_policy_surrogate_has_the_policy_gradient_minus_advantage() -> None:
+    logprobs = torch.log(_t(0.3, 0.6)).requires_grad_(True)
+    advantages = _t(2.0, -1.0)
+    loss, _ = clipped_surrogate(logprobs, logprobs.detach(), advantages, 0.2, 0.28)
+    loss.sum().backward()
+    assert logprobs.grad is not None
+    assert logprobs.grad.tolist()[0] == pytest.approx([-2.0, 1.0])
+
+
+def test_k3_is_zero_for_equal_policies_and_matches_its_formula() -> None:
+    logprobs = _t(-1.0, -2.0, -0.5)
+    assert kl_k3(logprobs, logprobs).abs().max().item() == 0.0
+    ref = _t(-1.5, -1.0, -0.5)
+    # d = ref - logp = (-0.5, 1.0, 0.0); k3 = exp(d) - d - 1
+    expected = [math.exp(-0.5) + 0.5 - 1, math.exp(1.0) - 1.0 - 1, 0.0]
+    assert kl_k3(logprobs, ref).tolist()[0] == pytest.approx(expected)
+    assert (kl_k3(logprobs, ref) >= 0).all()
+
+
+def test_truncated_importance_weights_are_capped_ratios_without_gradient() -> None:
+    learner = torch.log(_t(0.5, 0.2, 0.9)).requires_grad_(True)
+    rollout = torch.log(_t(0.25, 0.4, 0.1))
+    weights = truncated_is_weights(learner, rollout, cap=2.0)
+    # ratios 2.0, 0.5, 9.0 -> capped at 2
+    assert weights.tolist()[0] == pytest.approx([2.0, 0.5, 2.0])
+    assert not weights.requires_grad
+
+
+def test_token_mean_and_sequence_mean_weights_match_hand_computed_values() -> None:
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    token = aggregation_weights(mask, "token_mean", num_tokens=4, num_sequences=2)
+    assert token.tolist() == [[0.25, 0.25, 0.25, 0.0], [0.25, 0.0, 0.0, 0.0]]
+    sequence = aggregation_weights(mask, "sequence_mean", num_tokens=4, num_sequences=2)
+    expected = torch.tensor([[1 / 6, 1 / 6, 1 / 6, 0.0], [0.5, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(sequence, expected)
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "sequence_mean"])
+def test_weights_from_whole_batch_counts_make_split_batches_sum_to_the_whole_batch_loss(mode: str) -> None:
+    torch.manual_seed(0)
+    mask = (torch.rand(6, 5) < 0.6).double()
+    mask[:, 0] = 1.0
+    per_token = torch.randn(6, 5, dtype=torch.float64)
+    num_tokens, num_sequences = int(mask.sum()), 6
+    whole = (aggregation_weights(mask, mode, num_tokens, num_sequences) * per_token).sum()  # type: ignore[arg-type]
+    parts = sum(
+        (aggregation_weights(mask[rows], mode, num_tokens, num_sequences) * per_token[rows]).sum()  # type: ignore[arg-type]
+        for rows in (slice(0, 1), slice(1, 4), slice(4, 6))
+    )
+    if mode == "token_mean":
+        expected = (per_token * mask).sum() / num_tokens
+    else:
+        expected = ((per_token * mask).sum(1) / mask.sum(1)).mean()
+    assert whole.item() == pytest.approx(expected.item())
+    assert parts.item() == pytest.approx(expected.item())
+
+
+def test_policy_loss_adds_weighted_surrogate_and_kl() -> None:
+    logprobs = torch.log(_t(0.5, 0.25))
+    old = torch.log(_t(0.4, 0.25))
+    rollout = torch.log(_t(0.5, 0.5))
+    ref = torch.log(_t(0.25, 0.25))
+    advantages = _t(1.0, -2.0)
+    terms = policy_loss(logprobs, old, advantages, clip_low=0.2, clip_high=0.28, rollout_logprobs=rollout,
+                        tis_cap=1.0, ref_logprobs=ref, kl_coef=0.1)
+    # ratios 1.25, 1.0 -> surrogate -1.25, 2.0; IS weights min(0.4/0.5, 1) = 0.8, min(0.25/0.5, 1) = 0.5
+    assert terms.is_weight is not None and terms.is_weight.tolist()[0] == pytest.approx([0.8, 0.5])
+    assert terms.policy_gradient.tolist()[0] == pytest.approx([-1.0, 1.0])
+    k3 = [math.exp(math.log(0.5)) - math.log(0.5) - 1, 0.0]  # d = log(0.25/0.5), log(1)
+    assert terms.kl is not None and terms.kl.tolist()[0] == pytest.approx(k3)
+    assert terms.total.tolist()[0] == pytest.approx([-1.0 + 0.1 * k3[0], 1.0])
+
+
+def test_policy_loss_needs_rollout_logprobs_for_truncated_importance_sampling() -> None:
+    with pytest.raises(ValueError, match="rollout_logprobs"):
+        policy_loss(_t(0.0), _t(0.0), _t(1.0), clip_low=0.2, clip_high=0.2, tis_cap=2.0)
+
+
+def test_learning_rate_warms_up_linearly_then_holds_or_follows_a_cosine() -> None:
+    constant = LearnerRunConfig(learning_rate=1.0, warmup_steps=3)
+    assert [learning_rate_at(s, constant) for s in range(5)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0])
+    cosine = LearnerRunConfig(learning_rate=1.0, warmup_steps=1, lr_schedule="cosine", total_steps=5,
+                              min_lr_ratio=0.1)
+    rates = [learning_rate_at(s, cosine) for s in range(7)]
+    assert rates[0] == pytest.approx(0.5)
+    assert rates[1] == pytest.approx(1.0)
+    assert rates[3] == pytest.approx(0.1 + 0.9 * 0.5)  # halfway through the decay
+    assert rates[5] == pytest.approx(0.1) and rates[6] == pytest.approx(0.1)
+
+
+def test_run_config_rejects_unknown_fields_and_out_of_range_values() -> None:
+    with pytest.raises(ValueError, match="lora_rnk"):
+        LearnerRunConfig.from_json('{"lora_rnk": 8}')
+    with pytest.raises(ValueError):
+        LearnerRunConfig.from_json('{"clip_low": 1.5}')
+    with pytest.raises(ValueError, match="total_steps"):
+        LearnerRunConfig(lr_schedule="cosine")
+    assert LearnerRunConfig.from_json("") == LearnerRunConfig()
