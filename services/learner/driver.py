@@ -1,0 +1,225 @@
+"""Rank 0 drives every rank: `LearnerDriver` validates a request on rank 0 (so bad input changes
+no state on any rank), broadcasts the command over the control group and runs it locally; the
+other ranks sit in `worker_loop`, running each command they receive. One rank is a valid world:
+then nothing is sent.
+
+Errors: ValueError for bad input (INVALID_ARGUMENT), StateError when the request does not fit the
+learner's state (FAILED_PRECONDITION), FileNotFoundError for a missing checkpoint (NOT_FOUND).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from services.common import storage
+from services.common.trajectory import Trajectory
+from services.learner import checkpoint as ckpt
+from services.learner.batch import prepare_batch, prepare_trajectory
+from services.learner.config import LearnerRunConfig
+from services.learner.distributed import broadcast_object, plan_shards, scatter_objects
+from services.learner.engine import LearnerEngine, LearnerState, existing_run_versions
+from services.learner.publish import PublishedAdapter, next_adapter_version
+from services.learner.trainer import BatchTotals
+
+log = logging.getLogger("mmrl.learner")
+
+CONFIG_FILE = "learner_config.json"
+
+
+class StateError(Exception):
+    """The request does not fit the learner's current state."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """What rank 0 broadcasts; the train command's trajectories follow by scatter."""
+
+    kind: Literal["configure", "train", "publish", "save", "load", "reset", "stop"]
+    run_id: str = ""
+    config_json: str = ""
+    path: str = ""
+    version: int = 0
+    totals: BatchTotals | None = None
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    skipped: bool = False
+
+
+class LearnerDriver:
+    """Rank 0's entry to the learner: one method per RPC, called from one thread at a time."""
+
+    def __init__(self, engine: LearnerEngine) -> None:
+        assert engine.ctx.is_main, "only rank 0 drives"
+        self.engine = engine
+        self.ctx = engine.ctx
+        self.shared_root = Path(engine.settings.shared_root)
+
+    def _send(self, command: Command) -> None:
+        if self.ctx.world_size > 1:
+            broadcast_object(command, self.ctx)
+
+    def _require(self, run_id: str) -> None:
+        run = self.engine.run
+        if run is None:
+            raise StateError(f"the learner is not configured; call ConfigureRun for run {run_id!r} first")
+        if run.run_id != run_id:
+            raise StateError(f"the learner is configured for run {run.run_id!r}, not {run_id!r}")
+
+    def state(self, run_id: str) -> LearnerState:
+        self._require(run_id)
+        return self.engine.state()
+
+    def configure(self, run_id: str, config_json: str) -> LearnerState:
+        """Binds the learner to `run_id`; resumes from the run's newest complete checkpoint. A repeat
+        with the same config is a no-op; a different config for the configured run is refused."""
+        storage.validate_run_id(run_id)
+        config = LearnerRunConfig.from_json(config_json)
+        run = self.engine.run
+        if run is not None and run.run_id == run_id:
+            if run.config == config:
+                return self.engine.state()
+            raise StateError(f"run {run_id!r} is already configured with a different config")
+        for parent in (storage.adapters_dir(self.shared_root, run_id), storage.checkpoints_dir(self.shared_root, run_id)):
+            storage.remove_stale_temporaries(parent)
+        checkpoint = ckpt.newest_valid_checkpoint(self.shared_root, run_id)
+        if checkpoint is not None:
+            self._check_compatible(checkpoint, config)
+        version = existing_run_versions(self.shared_root, run_id)
+        run_dir = storage.run_dir(self.shared_root, run_id)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / CONFIG_FILE).write_text(config.model_dump_json(indent=2))
+        command = Command("configure", run_id=run_id, config_json=config.model_dump_json(), version=version)
+        self._send(command)
+        state = self.engine.configure(run_id, config, version)
+        if checkpoint is not None:
+            state = self._load(checkpoint, reset_on_error=True)
+        return state
+
+    def train_step(self, run_id: str, trajectories: Sequence[Trajectory]) -> TrainResult:
+        self._require(run_id)
+        start = time.perf_counter()
+        prepared = prepare_batch(trajectories, self.engine.spec, self.engine.frames)
+        totals = BatchTotals.of(prepared)
+        plan = plan_shards([item.num_tokens for item in prepared], self.ctx.world_size)
+        self._send(Command("train", totals=totals))
+        if self.ctx.world_size > 1:
+            shards = [[] if rank == 0 else [(trajectories[i], pad) for i, pad in shard]
+                      for rank, shard in enumerate(plan)]
+            scatter_objects(shards, self.ctx)
+        mine = [prepared[i].as_padding() if pad else prepared[i] for i, pad in plan[0]]
+        outcome = self.engine.train(mine, totals)
+        elapsed = time.perf_counter() - start
+        metrics = {
+            **outcome.metrics,
+            "train/step_s": elapsed,
+            "train/tokens_per_s": totals.num_tokens / elapsed,
+            "train/ranks": float(self.ctx.world_size),
+        }
+        log.info("train step", extra={"run_id": run_id, "step": self.engine.state().step, "metrics": metrics})
+        return TrainResult(step=self.engine.state().step, metrics=metrics, skipped=outcome.skipped)
+
+    def publish(self, run_id: str) -> PublishedAdapter:
+        self._require(run_id)
+        version = next_adapter_version(self.shared_root, run_id, self.engine.state().adapter_version)
+        self._send(Command("publish", version=version))
+        published = self.engine.publish(version)
+        assert published is not None
+        log.info("published adapter", extra={"run_id": run_id, "version": version, "path": str(published.path)})
+        return published
+
+    def save_checkpoint(self, run_id: str) -> tuple[int, Path, float]:
+        self._require(run_id)
+        step = self.engine.state().step
+        existing = storage.checkpoint_dir(self.shared_root, run_id, step)
+        if existing.exists():
+            storage.verify_manifest(existing)
+            return step, existing, 0.0
+        self._send(Command("save"))
+        saved = self.engine.save_checkpoint()
+        assert saved is not None
+        log.info("saved checkpoint", extra={"run_id": run_id, "step": step, "path": str(saved[0])})
+        return step, saved[0], saved[1]
+
+    def load_checkpoint(self, run_id: str, path: str) -> LearnerState:
+        """Restores a checkpoint: `path`, or the run's newest complete one when empty."""
+        self._require(run_id)
+        if path:
+            directory = Path(path)
+            if not storage.is_within(directory, self.shared_root):
+                raise ValueError(f"checkpoint path {path!r} is outside the shared root {self.shared_root}")
+            if not directory.is_dir():
+                raise FileNotFoundError(f"no checkpoint at {path!r}")
+        else:
+            found = ckpt.newest_valid_checkpoint(self.shared_root, run_id)
+            if found is None:
+                raise FileNotFoundError(f"run {run_id!r} has no complete checkpoint")
+            directory = found
+        assert self.engine.run is not None
+        self._check_compatible(directory, self.engine.run.config)
+        return self._load(directory, reset_on_error=False)
+
+    def shutdown(self) -> None:
+        """Releases the other ranks from `worker_loop`."""
+        self._send(Command("stop"))
+
+    def _check_compatible(self, directory: Path, config: LearnerRunConfig) -> None:
+        try:
+            saved = ckpt.read_trainer_state(directory)
+        except storage.ManifestError as exc:
+            raise StateError(f"checkpoint {directory} is incomplete or altered: {exc}") from exc
+        wanted = config.adapter_shape_fields()
+        have = {k: saved.config.get(k) for k in wanted}
+        if have != wanted:
+            raise StateError(f"checkpoint {directory} was trained with {have}, the run config asks for {wanted}")
+
+    def _load(self, directory: Path, reset_on_error: bool) -> LearnerState:
+        try:
+            loaded = ckpt.read_checkpoint_tensors(directory, self.engine.trainable_shapes())
+        except ValueError as exc:
+            if reset_on_error:
+                self._send(Command("reset"))
+                self.engine.reset()
+            raise StateError(f"cannot restore {directory}: {exc}") from exc
+        self._send(Command("load", path=str(directory)))
+        state = self.engine.load_checkpoint(directory, loaded)
+        log.info("restored checkpoint", extra={"path": str(directory), "step": state.step})
+        return state
+
+
+def worker_loop(engine: LearnerEngine) -> None:
+    """Ranks other than 0: run rank 0's commands until told to stop."""
+    ctx = engine.ctx
+    assert not ctx.is_main
+    while True:
+        command: Command = broadcast_object(None, ctx)
+        if command.kind == "stop":
+            return
+        if command.kind == "configure":
+            engine.configure(command.run_id, LearnerRunConfig.from_json(command.config_json), command.version)
+        elif command.kind == "train":
+            assert command.totals is not None
+            shard = scatter_objects(None, ctx)
+            items = []
+            for traj, pad in shard:
+                item = prepare_trajectory(traj, engine.spec, engine.frames)
+                items.append(item.as_padding() if pad else item)
+            engine.train(items, command.totals)
+        elif command.kind == "publish":
+            engine.publish(command.version)
+        elif command.kind == "save":
+            engine.save_checkpoint()
+        elif command.kind == "load":
+            engine.load_checkpoint(Path(command.path), None)
+        elif command.kind == "reset":
+            engine.reset()
+        else:
+            raise AssertionError(f"unknown command {command.kind!r}")

@@ -1,0 +1,138 @@
+"""Training steps of an in-process single-rank learner on the tiny Qwen3-VL with LoRA."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from services.common.trajectory import Trajectory
+from tests.learner.conftest import adapter_weights, base_weights
+
+FAST = {"learning_rate": 0.01, "micro_batch_size": 4}
+
+
+def _configure(make_driver: Callable[..., Any], run_id: str = "run", **config: Any) -> Any:
+    driver = make_driver()
+    driver.configure(run_id, json.dumps({**FAST, **config}))
+    return driver
+
+
+def test_a_lora_step_changes_adapter_weights_and_leaves_base_weights_bit_identical(
+    make_driver: Callable[..., Any], trajectories: list[Trajectory]
+) -> None:
+    driver = _configure(make_driver)
+    base_before, adapter_before = base_weights(driver), adapter_weights(driver)
+    assert all("lora_" in name and "visual" not in name for name in adapter_before)
+    for _ in range(2):  # B starts at zero, so A only moves from the second step on
+        result = driver.train_step("run", trajectories)
+        assert not result.skipped and result.metrics["train/grad_norm"] > 0
+    adapter_after = adapter_weights(driver)
+    changed = [n for n in adapter_before if not torch.equal(adapter_before[n], adapter_after[n])]
+    assert {n.split(".lora_")[1].split(".")[0] for n in changed} == {"A", "B"}
+    assert len(changed) == len(adapter_before)
+    base_after = base_weights(driver)
+    assert base_after.keys() == base_before.keys()
+    assert all(torch.equal(base_before[n], base_after[n]) for n in base_before)
+    assert driver.state("run").step == 2
+
+
+def test_kl_to_the_reference_is_zero_while_the_adapter_is_zero(
+    make_driver: Callable[..., Any], trajectories: list[Trajectory]
+) -> None:
+    driver = _configure(make_driver, kl_coef=0.5)
+    first = driver.train_step("run", trajectories[:4]).metrics
+    assert first["train/kl"] == 0.0
+    second = driver.train_step("run", trajectories[:4]).metrics
+    assert second["train/kl"] > 0.0
+    assert second["train/loss"] == pytest.approx(second["train/pg_loss"] + 0.5 * second["train/kl"], rel=1e-5)
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "sequence_mean"])
+def test_the_step_does_not_depend_on_the_micro_batch_size(
+    loss_agg: str, make_driver: Callable[..., Any], trajectories: list[Trajectory]
+) -> None:
+    results = []
+    for micro_batch_size in (1, 6):
+        # A large Adam epsilon keeps updates proportional to small gradients (no sign-like steps
+        # that amplify summation-order noise), so the weights check the normalisation too.
+        driver = _configure(make_driver, micro_batch_size=micro_batch_size, loss_agg=loss_agg, adam_eps=1e-3)
+        metrics = [driver.train_step("run", trajectories).metrics for _ in range(2)]
+        results.append((metrics, adapter_weights(driver)))
+    (metrics_a, adapter_a), (metrics_b, adapter_b) = results
+    for step_a, step_b in zip(metrics_a, metrics_b, strict=True):
+        for key in ("train/loss", "train/grad_norm", "train/entropy", "train/logprob_abs_diff_vs_rollout"):
+            assert step_a[key] == pytest.approx(step_b[key], rel=1e-5, abs=1e-7), key
+    for name in adapter_a:
+        torch.testing.assert_close(adapter_a[name], adapter_b[name], rtol=1e-4, atol=1e-6)
+
+
+def test_a_non_finite_loss_skips_the_optimiser_step_and_leaves_weights_unchanged(
+    make_driver: Callable[..., Any], trajectories: list[Trajectory]
+) -> None:
+    driver = _configure(make_driver)
+    driver.train_step("run", trajectories[:3])
+    before = adapter_weights(driver)
+    huge = [dataclasses.replace(t, advantages=tuple(3e38 * m for m in t.loss_mask)) for t in trajectories[:3]]
+    result = driver.train_step("run", huge)
+    assert result.skipped and result.metrics["train/skipped"] == 1.0
+    assert not math.isfinite(result.metrics["train/grad_norm"])
+    after = adapter_weights(driver)
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    assert result.step == 2  # skipped steps count
+    assert not driver.train_step("run", trajectories[:3]).skipped  # and training goes on
+
+
+def test_bad_input_raises_naming_the_trajectory_and_changes_no_state(
+    make_driver: Callable[..., Any], trajectories: list[Trajectory]
+) -> None:
+    driver = _configure(make_driver)
+    driver.train_step("run", trajectories[:2])
+    before = adapter_weights(driver)
+    bad = list(trajectories[:3])
+    bad[1] = dataclasses.replace(bad[1], logprobs=bad[1].logprobs[:-1])
+    with pytest.raises(ValueError, match=r"trajectory #1: trajectory 'ep-0001': logprobs has"):
+        driver.train_step("run", bad)
+    with pytest.raises(ValueError, match="no trajectories"):
+        driver.train_step("run", [])
+    assert driver.state("run").step == 1
+    after = adapter_weights(driver)
+    assert all(torch.equal(before[n], after[n]) for n in before)
+
+
+def test_truncated_importance_sampling_reports_its_mean_weight(
+    make_driver: Callable[..., Any], trajectories: list[Trajectory]
+) -> None:
+    driver = _configure(make_driver, tis_cap=2.0)
+    metrics = driver.train_step("run", trajectories[:3]).metrics
+    # The stand-in engine's log-probs are far off the model's: weights are small or capped.
+    assert 0.0 < metrics["train/tis_weight_mean"] <= 2.0
+    assert "train/kl" not in metrics
+
+
+def test_checkpoint_then_restart_gives_the_same_next_step_as_an_uninterrupted_run(
+    make_driver: Callable[..., Any], trajectories: list[Trajectory], tmp_path: Any
+) -> None:
+    # Dropout on the LoRA input makes the step depend on the restored random generator state.
+    config = {"lora_dropout": 0.3, "weight_decay": 0.1, "warmup_steps": 3}
+    uninterrupted = _configure(make_driver, **config)
+    for _ in range(2):
+        uninterrupted.train_step("run", trajectories)
+    step, path, _ = uninterrupted.save_checkpoint("run")
+    assert step == 2 and path.name == "step_000002"
+    expected = uninterrupted.train_step("run", trajectories).metrics
+    expected_adapter = adapter_weights(uninterrupted)
+
+    restarted = make_driver()  # a fresh learner on the same shared storage
+    state = restarted.configure("run", json.dumps({**FAST, **config}))
+    assert state.step == 2 and state.restored_from == str(path)
+    resumed = restarted.train_step("run", trajectories).metrics
+    for key in ("train/loss", "train/grad_norm", "train/learning_rate", "train/entropy"):
+        assert resumed[key] == expected[key], key
+    resumed_adapter = adapter_weights(restarted)
+    assert all(torch.equal(expected_adapter[n], resumed_adapter[n]) for n in expected_adapter)
