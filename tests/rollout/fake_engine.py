@@ -1,0 +1,76 @@
+"""An in-process stand-in for the vLLM engine, for the service's own logic (adapters, errors, health).
+
+Generation is deterministic arithmetic, not a model: tests that claim generation works use the real
+engine (test_vllm_*.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from services.rollout.engine import AdapterRef, Completion, EngineRequest, EngineResult, ModelInfo
+from services.rollout.errors import FailedPrecondition, InvalidArgument, Unavailable
+
+IMAGE_TOKEN = 5
+TOKENS_PER_IMAGE = 4
+
+
+class FakeEngine:
+    def __init__(self, vocab_size: int = 512, max_model_len: int = 128) -> None:
+        self._info = ModelInfo("fake", max_model_len, vocab_size, IMAGE_TOKEN, sleep_supported=False,
+                               lora_supported=True)
+        self.adapters: dict[int, AdapterRef] = {}
+        self.dead = False
+        self.closed = False
+        self.hold: asyncio.Event | None = None  # when set, generate waits for it (requests stay in flight)
+        self.calls: list[list[EngineRequest]] = []
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    async def generate(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        if self.dead:
+            raise Unavailable("fake engine is dead")
+        self.calls.append(list(requests))
+        results = []
+        for index, request in enumerate(requests):
+            assert request.adapter is None or request.adapter.lora_int_id in self.adapters, "unloaded adapter"
+            expanded = [t for token in request.prompt_token_ids
+                        for t in ([token] * TOKENS_PER_IMAGE if token == IMAGE_TOKEN else [token])]
+            if len(expanded) + request.sampling.max_tokens > self._info.max_model_len:
+                raise InvalidArgument(f"requests[{index}]: too long after expansion")
+            offset = request.adapter.version if request.adapter else 0
+            completions = [
+                Completion([(sum(expanded) + offset + k + j) % self._info.vocab_size
+                            for j in range(request.sampling.max_tokens)],
+                           [-1.0] * request.sampling.max_tokens, "x", "length")
+                for k in range(request.sampling.n)
+            ]
+            results.append(EngineResult(expanded, completions))
+        if self.hold is not None:
+            await self.hold.wait()
+        return results
+
+    async def add_adapter(self, adapter: AdapterRef) -> None:
+        self.adapters[adapter.lora_int_id] = adapter
+
+    async def remove_adapter(self, adapter: AdapterRef) -> None:
+        del self.adapters[adapter.lora_int_id]
+
+    async def loaded_adapter_ids(self) -> set[int]:
+        return set(self.adapters)
+
+    async def check_health(self) -> None:
+        if self.dead:
+            raise RuntimeError("fake engine is dead")
+
+    async def sleep(self, level: int) -> None:
+        raise FailedPrecondition("sleep mode needs a GPU")
+
+    async def wake_up(self) -> None:
+        raise FailedPrecondition("sleep mode needs a GPU")
+
+    async def shutdown(self) -> None:
+        self.closed = True

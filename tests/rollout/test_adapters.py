@@ -1,0 +1,154 @@
+"""The adapter registry with an in-process engine: verification, the retention window, in-flight use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from services.common import storage
+from services.rollout.adapters import AdapterRegistry
+from services.rollout.errors import FailedPrecondition, InvalidArgument, NotFound
+from services.rollout.validation import AdapterKey
+from tests.rollout.fake_engine import FakeEngine
+
+
+def publish(root: Path, run_id: str, version: int, rank: int = 8, payload: bytes = b"weights") -> Path:
+    def write(tmp: Path) -> None:
+        (tmp / "adapter_config.json").write_text(json.dumps({"r": rank, "peft_type": "LORA"}))
+        (tmp / "adapter_model.safetensors").write_bytes(payload + bytes([version]))
+
+    target = storage.adapter_dir(root, run_id, version)
+    storage.publish_directory(target, write)
+    return target
+
+
+@pytest.fixture
+def shared(tmp_path: Path) -> Path:
+    root = tmp_path / "shared"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine()
+
+
+@pytest.fixture
+def registry(engine: FakeEngine, shared: Path, tmp_path: Path) -> AdapterRegistry:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    return AdapterRegistry(engine, shared, cache, retention=2, max_runs=2, max_rank=16)
+
+
+def _loaded(registry: AdapterRegistry) -> list[tuple[str, int]]:
+    return [(a.run_id, a.version) for a in registry.loaded()]
+
+
+async def test_loading_verifies_the_manifest_and_loads_a_local_copy(
+        registry: AdapterRegistry, engine: FakeEngine, shared: Path) -> None:
+    source = publish(shared, "run", 1)
+    adapter, load_ms = await registry.load("run", 1, str(source))
+    assert adapter.manifest_sha256 == storage.manifest_sha256(source)
+    assert load_ms > 0
+    (ref,) = engine.adapters.values()
+    assert ref.name == "run-v1" and ref.version == 1
+    assert not storage.is_within(Path(ref.path), shared)  # vLLM reads the verified copy
+    storage.verify_manifest(Path(ref.path))
+
+
+async def test_an_empty_path_means_the_canonical_version_directory(registry: AdapterRegistry, shared: Path) -> None:
+    publish(shared, "run", 4)
+    adapter, _ = await registry.load("run", 4, "")
+    assert adapter.source == storage.adapter_dir(shared, "run", 4)
+
+
+async def test_a_path_outside_the_shared_root_is_an_invalid_argument(
+        registry: AdapterRegistry, shared: Path, tmp_path: Path) -> None:
+    outside = publish(tmp_path / "elsewhere", "run", 1)
+    with pytest.raises(InvalidArgument, match="outside the shared root"):
+        await registry.load("run", 1, str(outside))
+    with pytest.raises(InvalidArgument, match="outside the shared root"):
+        await registry.load("run", 1, str(shared / ".." / "elsewhere" / "runs" / "run" / "adapters" / "v000001"))
+    (shared / "link").symlink_to(outside)
+    with pytest.raises(InvalidArgument, match="outside the shared root"):
+        await registry.load("run", 1, str(shared / "link"))
+    with pytest.raises(InvalidArgument, match="run_id"):
+        await registry.load("../etc", 1, "")
+
+
+async def test_a_missing_directory_is_not_found(registry: AdapterRegistry, shared: Path) -> None:
+    with pytest.raises(NotFound, match="does not exist"):
+        await registry.load("run", 9, "")
+
+
+async def test_a_tampered_adapter_is_refused_and_the_previous_version_stays_loaded(
+        registry: AdapterRegistry, engine: FakeEngine, shared: Path, tmp_path: Path) -> None:
+    publish(shared, "run", 1)
+    await registry.load("run", 1, "")
+    tampered = publish(shared, "run", 2)
+    (tampered / "adapter_model.safetensors").write_bytes(b"evil")
+    with pytest.raises(FailedPrecondition, match=r"run v2 refused: .*v000002/adapter_model.safetensors: sha256"):
+        await registry.load("run", 2, "")
+    assert _loaded(registry) == [("run", 1)]
+    assert len(engine.adapters) == 1
+    assert list((tmp_path / "cache").iterdir()) == [Path(next(iter(engine.adapters.values())).path)]
+    (ref,) = registry.acquire([AdapterKey("run", 1)])
+    assert ref is not None and ref.version == 1
+
+
+async def test_the_retention_window_keeps_the_newest_k_versions(
+        registry: AdapterRegistry, engine: FakeEngine, shared: Path, tmp_path: Path) -> None:
+    for version in (1, 2, 3, 4):
+        publish(shared, "run", version)
+        await registry.load("run", version, "")
+    assert _loaded(registry) == [("run", 3), ("run", 4)]
+    assert sorted(ref.version for ref in engine.adapters.values()) == [3, 4]
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+    with pytest.raises(NotFound, match=r"requests\[1\]: adapter 'run' version 2 is not loaded .*\[3, 4\]"):
+        registry.acquire([AdapterKey("run", 4), AdapterKey("run", 2)])
+    with pytest.raises(FailedPrecondition, match="older than the retention window"):
+        await registry.load("run", 1, "")
+
+
+async def test_a_retired_version_still_in_use_is_unloaded_when_its_requests_finish(
+        registry: AdapterRegistry, engine: FakeEngine, shared: Path) -> None:
+    for version in (1, 2):
+        publish(shared, "run", version)
+        await registry.load("run", version, "")
+    refs = registry.acquire([AdapterKey("run", 1), None])
+    publish(shared, "run", 3)
+    await registry.load("run", 3, "")
+    assert _loaded(registry) == [("run", 2), ("run", 3)]
+    assert sorted(ref.version for ref in engine.adapters.values()) == [1, 2, 3]  # v1 still running
+    await registry.release(refs)
+    assert sorted(ref.version for ref in engine.adapters.values()) == [2, 3]
+
+
+async def test_loading_a_version_again_is_idempotent_but_a_different_manifest_is_refused(
+        registry: AdapterRegistry, engine: FakeEngine, shared: Path) -> None:
+    publish(shared, "run", 1)
+    first, _ = await registry.load("run", 1, "")
+    again, _ = await registry.load("run", 1, "")
+    assert again is first and len(engine.adapters) == 1
+    other = publish(shared / "other", "run", 1, payload=b"different")
+    with pytest.raises(FailedPrecondition, match="already loaded from a manifest"):
+        await registry.load("run", 1, str(other))
+
+
+async def test_a_further_run_beyond_max_runs_unloads_the_least_recently_loaded_run(
+        registry: AdapterRegistry, engine: FakeEngine, shared: Path) -> None:
+    for run_id in ("a", "b", "c"):
+        publish(shared, run_id, 1)
+        await registry.load(run_id, 1, "")
+    assert _loaded(registry) == [("b", 1), ("c", 1)]
+    assert sorted(ref.name for ref in engine.adapters.values()) == ["b-v1", "c-v1"]
+
+
+async def test_an_adapter_of_too_large_a_rank_is_refused(registry: AdapterRegistry, shared: Path) -> None:
+    publish(shared, "run", 1, rank=32)
+    with pytest.raises(FailedPrecondition, match="LoRA rank 32 exceeds the service's max_lora_rank 16"):
+        await registry.load("run", 1, "")
+    assert registry.loaded() == []
