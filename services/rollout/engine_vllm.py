@@ -1,0 +1,227 @@
+"""`Engine` on vLLM's AsyncLLM (v1 engine): continuous batching, LoRA adapters, sleep mode on GPU.
+
+Every request of a `generate` call is first rendered (image placeholders expanded by the model's
+processor) and checked against the context length; only when all of them are acceptable are they
+added to the engine together, so a bad request refuses the whole call before anything runs and the
+others are batched with each other and with concurrent calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from PIL import Image
+
+from services.rollout.config import RolloutConfig
+from services.rollout.engine import AdapterRef, Completion, EngineRequest, EngineResult, ModelInfo, Sampling
+from services.rollout.errors import FailedPrecondition, InvalidArgument, Unavailable
+
+log = logging.getLogger("mmrl.rollout.engine")
+
+CPU_LORA_EXTENSION = "services.rollout.cpu_lora.CpuLoraWorkerExtension"
+
+
+def engine_args(config: RolloutConfig) -> Any:
+    """vLLM AsyncEngineArgs for `config` (grouped LoRA kernels and sleep mode where they apply)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
+
+    on_cpu = current_platform.is_cpu()
+    grouped_lora = config.enable_lora and config.lora_kernels == "grouped" and on_cpu
+    return AsyncEngineArgs(
+        model=config.model,
+        dtype=config.resolved_dtype(on_cpu),
+        max_model_len=config.max_model_len,
+        gpu_memory_utilization=config.resolved_memory_utilization(on_cpu),
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.batched_tokens,
+        enable_chunked_prefill=config.chunked_prefill,
+        enable_prefix_caching=config.prefix_caching,
+        limit_mm_per_prompt={"image": config.limit_images_per_prompt, "video": 0},
+        enable_lora=config.enable_lora,
+        max_lora_rank=config.max_lora_rank,
+        max_loras=config.max_loras,
+        max_cpu_loras=config.adapter_retention * config.max_adapter_runs + config.max_loras,
+        logprobs_mode=config.logprobs_mode,
+        seed=config.seed,
+        enable_sleep_mode=current_platform.is_sleep_mode_available(),
+        worker_extension_cls=CPU_LORA_EXTENSION if grouped_lora else "",
+        disable_log_stats=True,
+    )
+
+
+class VllmEngine:
+    """The vLLM implementation of `services.rollout.engine.Engine`."""
+
+    def __init__(self, llm: Any, config: RolloutConfig) -> None:
+        from vllm.platforms import current_platform
+
+        self._llm = llm
+        self._info = ModelInfo(
+            name=config.model,
+            max_model_len=int(llm.model_config.max_model_len),
+            vocab_size=int(llm.model_config.get_vocab_size()),
+            image_token_id=getattr(llm.model_config.hf_config, "image_token_id", None),
+            sleep_supported=bool(current_platform.is_sleep_mode_available()),
+            lora_supported=config.enable_lora,
+        )
+
+    @classmethod
+    async def start(cls, config: RolloutConfig, warm_up: bool = True) -> VllmEngine:
+        """Starts the engine (in a thread, so the event loop keeps answering health checks)."""
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        # No local variable holds the AsyncLLM: frames kept alive by tracebacks would outlive shutdown.
+        engine = cls(await asyncio.to_thread(AsyncLLM.from_engine_args, engine_args(config)), config)
+        if warm_up:
+            await engine.warm_up(config.limit_images_per_prompt > 0)
+        return engine
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    @property
+    def async_llm(self) -> Any:
+        """The underlying vLLM AsyncLLM (for the benchmark's direct, service-less measurements)."""
+        return self._llm
+
+    async def warm_up(self, with_image: bool) -> None:
+        """One short generation, so the first real call does not pay the engine's first-step costs."""
+        prompt = [0] * 4
+        images = []
+        if with_image and self._info.image_token_id is not None:
+            prompt.append(self._info.image_token_id)
+            images.append(Image.new("RGB", (64, 64), (128, 128, 128)))
+        await self.generate([EngineRequest(prompt, Sampling(max_tokens=2), images)])
+
+    async def generate(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if self._llm.errored:
+            raise Unavailable("the vLLM engine has died; the service must be restarted")
+        params = []
+        for index, request in enumerate(requests):
+            try:
+                params.append(_sampling_params(request.sampling))
+            except ValueError as exc:
+                raise InvalidArgument(f"requests[{index}].sampling: {exc}") from exc
+        call_id = uuid.uuid4().hex[:12]
+        tasks = [asyncio.ensure_future(self._generate_one(f"{call_id}-{index}", index, request, p))
+                 for index, (request, p) in enumerate(zip(requests, params, strict=True))]
+        try:
+            outputs = await asyncio.gather(*tasks)
+        except BaseException as error:
+            for task in tasks:
+                task.cancel()  # vLLM aborts a request whose generate() is cancelled
+            settled = await asyncio.gather(*tasks, return_exceptions=True)
+            if isinstance(error, InvalidArgument):  # report the lowest index that was refused
+                raise next(e for e in settled if isinstance(e, InvalidArgument)) from None
+            if isinstance(error, EngineDeadError):
+                raise Unavailable("the vLLM engine died during generation") from error
+            raise
+        return [_result(output) for output in outputs]
+
+    async def _generate_one(self, request_id: str, index: int, request: EngineRequest, params: Any) -> Any:
+        """Renders one request (image placeholders expanded), checks its length, runs it; requests are
+        pipelined: the engine starts on the first while later ones are still being rendered."""
+        from vllm.exceptions import VLLMClientError
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:
+            rendered = await self._render(request)
+        except EngineDeadError:
+            raise
+        except Exception as exc:  # the model's processor refused the prompt or its images
+            raise InvalidArgument(f"requests[{index}]: {exc}") from exc
+        num_prompt = len(rendered["prompt_token_ids"])
+        if num_prompt + request.sampling.max_tokens > self._info.max_model_len:
+            raise InvalidArgument(
+                f"requests[{index}]: prompt of {num_prompt} tokens after image expansion plus max_tokens "
+                f"{request.sampling.max_tokens} exceeds the model's context of {self._info.max_model_len} tokens"
+            )
+        final = None
+        try:
+            async for output in self._llm.generate(rendered, params, request_id,
+                                                   lora_request=_lora_request(request.adapter)):
+                final = output
+        except VLLMClientError as exc:  # vLLM's own validation of this request
+            raise InvalidArgument(f"requests[{index}]: {exc}") from exc
+        assert final is not None and final.finished
+        return final
+
+    async def _render(self, request: EngineRequest) -> dict[str, Any]:
+        prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt_token_ids)}
+        if request.images:
+            prompt["multi_modal_data"] = {"image": list(request.images)}
+        (rendered,) = await self._llm.renderer.render_cmpl_async([prompt])
+        return dict(rendered)
+
+    async def add_adapter(self, adapter: AdapterRef) -> None:
+        try:
+            added = await self._llm.add_lora(_lora_request(adapter))
+        except Exception as exc:
+            raise FailedPrecondition(f"vLLM could not load adapter {adapter.name}: {exc}") from exc
+        if not added:
+            raise FailedPrecondition(f"vLLM refused adapter {adapter.name}")
+
+    async def remove_adapter(self, adapter: AdapterRef) -> None:
+        await self._llm.remove_lora(adapter.lora_int_id)
+
+    async def loaded_adapter_ids(self) -> set[int]:
+        return set(await self._llm.list_loras())
+
+    async def check_health(self) -> None:
+        await self._llm.check_health()  # the engine-dead flag
+        await self._llm.is_sleeping()  # a round trip to the engine core process
+
+    async def sleep(self, level: int) -> None:
+        if not self._info.sleep_supported:
+            raise FailedPrecondition(_NO_SLEEP)
+        await self._llm.sleep(level)
+
+    async def wake_up(self) -> None:
+        if not self._info.sleep_supported:
+            raise FailedPrecondition(_NO_SLEEP)
+        await self._llm.wake_up()
+
+    async def shutdown(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            await asyncio.to_thread(llm.shutdown)
+
+
+_NO_SLEEP = ("sleep mode needs a GPU: vLLM's sleep mode offloads weights and frees the KV cache in "
+             "accelerator memory, and this engine runs on the CPU backend")
+
+
+def _sampling_params(s: Sampling) -> Any:
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    return SamplingParams(
+        n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
+        stop=list(s.stop), stop_token_ids=list(s.stop_token_ids), seed=s.seed, logprobs=0,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def _lora_request(adapter: AdapterRef | None) -> Any:
+    if adapter is None:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora_name=adapter.name, lora_int_id=adapter.lora_int_id, lora_path=adapter.path)
+
+
+def _result(output: Any) -> EngineResult:
+    completions = []
+    for completion in sorted(output.outputs, key=lambda c: c.index):
+        token_ids = list(completion.token_ids)
+        logprobs = [float(position[token].logprob)
+                    for token, position in zip(token_ids, completion.logprobs or [], strict=True)]
+        completions.append(Completion(token_ids, logprobs, completion.text, str(completion.finish_reason)))
+    return EngineResult(list(output.prompt_token_ids or []), completions)

@@ -1,0 +1,230 @@
+"""The gRPC RolloutService: proto translation, adapter resolution, error codes, health.
+
+A refused call is answered with `context.abort(code, message)` (see `errors.py`) and changes
+nothing; the server keeps serving. Health (`grpc.health.v1`) says NOT_SERVING until the engine has
+started and warmed up, and again as soon as a background probe finds the engine dead or unresponsive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+import grpc
+
+from mmrl.v1 import rollout_pb2, rollout_pb2_grpc
+from services.common.grpc_server import RunningServer, start_server
+from services.rollout.adapters import AdapterRegistry
+from services.rollout.config import RolloutConfig
+from services.rollout.engine import Engine, EngineResult
+from services.rollout.errors import InvalidArgument, RolloutError, Unavailable
+from services.rollout.validation import parse_requests
+
+SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name  # "mmrl.v1.RolloutService"
+log = logging.getLogger("mmrl.rollout")
+T = TypeVar("T")
+Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Coroutine[Any, Any, T]]
+
+
+def _status_on_error(handler: Handler[T]) -> Handler[T]:
+    """A RolloutError raised by the handler becomes the gRPC status it names."""
+
+    @functools.wraps(handler)
+    async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> T:
+        try:
+            return await handler(self, request, context)
+        except RolloutError as error:
+            log.info("request refused", extra={"method": handler.__name__, "code": error.code.name,
+                                               "reason": str(error)})
+            await context.abort(error.code, str(error))
+            raise AssertionError("context.abort returned") from error
+
+    return wrapped
+
+
+@dataclass
+class Ready:
+    engine: Engine
+    adapters: AdapterRegistry
+
+
+class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
+    """RolloutService over an `Engine`; answers UNAVAILABLE until `attach` is called."""
+
+    def __init__(self, config: RolloutConfig) -> None:
+        self.config = config
+        self._ready: Ready | None = None
+        self._asleep = False
+
+    def attach(self, engine: Engine, adapters: AdapterRegistry) -> None:
+        self._ready = Ready(engine, adapters)
+
+    def detach(self) -> None:
+        self._ready = None
+
+    def _get_ready(self) -> Ready:
+        if self._ready is None:
+            raise Unavailable("the engine is still starting")
+        return self._ready
+
+    @_status_on_error
+    async def Generate(self, request: rollout_pb2.GenerateRequest,
+                       context: grpc.aio.ServicerContext) -> rollout_pb2.GenerateResponse:
+        ready = self._get_ready()
+        if self._asleep:
+            raise Unavailable("the engine is asleep (Sleep was called); call WakeUp first")
+        start = time.perf_counter()
+        parsed, keys = parse_requests(request.requests, ready.engine.info, self.config.max_requests_per_call,
+                                      self.config.limit_images_per_prompt)
+        refs = ready.adapters.acquire(keys)
+        try:
+            results = await ready.engine.generate(
+                [replace(r, adapter=ref) for r, ref in zip(parsed, refs, strict=True)])
+        finally:
+            await ready.adapters.release(refs)
+        response = rollout_pb2.GenerateResponse()
+        for result, ref in zip(results, refs, strict=True):
+            _fill_result(response.results.add(), result, ref.version if ref is not None else 0)
+        num_generated = sum(len(c.token_ids) for r in results for c in r.completions)
+        log.info("generated", extra={"rollout/generate/latency_ms": round((time.perf_counter() - start) * 1000, 1),
+                                     "rollout/generate/num_requests": len(results),
+                                     "rollout/generate/num_generated_tokens": num_generated})
+        return response
+
+    @_status_on_error
+    async def LoadAdapter(self, request: rollout_pb2.LoadAdapterRequest,
+                          context: grpc.aio.ServicerContext) -> rollout_pb2.LoadAdapterResponse:
+        ready = self._get_ready()
+        if not ready.engine.info.lora_supported:
+            raise Unavailable("this rollout service was started with enable_lora=false")
+        adapter, load_ms = await ready.adapters.load(request.run_id, int(request.version), request.path)
+        return rollout_pb2.LoadAdapterResponse(run_id=adapter.run_id, version=adapter.version,
+                                               manifest_sha256=adapter.manifest_sha256, load_ms=load_ms)
+
+    @_status_on_error
+    async def ListAdapters(self, request: rollout_pb2.ListAdaptersRequest,
+                           context: grpc.aio.ServicerContext) -> rollout_pb2.ListAdaptersResponse:
+        ready = self._get_ready()
+        return rollout_pb2.ListAdaptersResponse(adapters=[
+            rollout_pb2.LoadedAdapter(run_id=a.run_id, version=a.version, path=str(a.source),
+                                      manifest_sha256=a.manifest_sha256)
+            for a in ready.adapters.loaded()
+        ])
+
+    @_status_on_error
+    async def Sleep(self, request: rollout_pb2.SleepRequest,
+                    context: grpc.aio.ServicerContext) -> rollout_pb2.SleepResponse:
+        ready = self._get_ready()
+        if request.level not in (0, 1, 2):
+            raise InvalidArgument(f"sleep level must be 1 or 2 (0 = 1), got {request.level}")
+        await ready.engine.sleep(request.level or 1)
+        self._asleep = True
+        return rollout_pb2.SleepResponse()
+
+    @_status_on_error
+    async def WakeUp(self, request: rollout_pb2.WakeUpRequest,
+                     context: grpc.aio.ServicerContext) -> rollout_pb2.WakeUpResponse:
+        ready = self._get_ready()
+        await ready.engine.wake_up()
+        self._asleep = False
+        return rollout_pb2.WakeUpResponse()
+
+    @_status_on_error
+    async def GetModelInfo(self, request: rollout_pb2.GetModelInfoRequest,
+                           context: grpc.aio.ServicerContext) -> rollout_pb2.GetModelInfoResponse:
+        info = self._get_ready().engine.info
+        return rollout_pb2.GetModelInfoResponse(model=info.name, max_model_len=info.max_model_len,
+                                                vocab_size=info.vocab_size, sleep_supported=info.sleep_supported)
+
+
+def _fill_result(out: rollout_pb2.GenerationResult, result: EngineResult, adapter_version: int) -> None:
+    out.prompt_token_ids.extend(result.prompt_token_ids)
+    out.adapter_version = adapter_version
+    for completion in result.completions:
+        c = out.completions.add()
+        c.token_ids.extend(completion.token_ids)
+        c.logprobs.extend(completion.logprobs)
+        c.text = completion.text
+        c.finish_reason = completion.finish_reason
+
+
+async def monitor_health(engine: Engine, set_serving: Callable[[bool], Awaitable[None]], interval_s: float,
+                         timeout_s: float, serving: bool | None = None) -> None:
+    """Probes the engine every `interval_s` and reports SERVING/NOT_SERVING on every change
+    (`serving`: the state already reported)."""
+    while True:
+        try:
+            await asyncio.wait_for(engine.check_health(), timeout_s)
+            healthy = True
+        except Exception as exc:  # dead engine, timeout, broken pipe: all mean "not serving"
+            healthy = False
+            if serving is not False:
+                log.error("engine health probe failed", extra={"error": repr(exc)})
+        if healthy != serving:
+            await set_serving(healthy)
+            serving = healthy
+            log.info("health changed", extra={"serving": healthy})
+        await asyncio.sleep(interval_s)
+
+
+EngineFactory = Callable[[RolloutConfig], Awaitable[Engine]]
+
+
+class RolloutServer:
+    """A started server whose engine comes up in the background (what `mmrl serve rollout` runs)."""
+
+    def __init__(self, running: RunningServer, servicer: RolloutServicer, registry_args: dict[str, Any]) -> None:
+        self.running = running
+        self.servicer = servicer
+        self._registry_args = registry_args
+        self.engine: Engine | None = None
+        self.adapters: AdapterRegistry | None = None
+        self._monitor: asyncio.Task[None] | None = None
+
+    @property
+    def port(self) -> int:
+        return self.running.port
+
+    @classmethod
+    async def start(cls, config: RolloutConfig, address: str, **registry_args: Any) -> RolloutServer:
+        """Listens at `address` (NOT_SERVING); `registry_args`: shared_root and cache_dir."""
+        servicer = RolloutServicer(config)
+        running = await start_server(
+            lambda server: rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server),
+            SERVICE_NAME, address, serving=False,
+        )
+        return cls(running, servicer, registry_args)
+
+    async def start_engine(self, factory: EngineFactory) -> None:
+        """Starts the engine, attaches it and turns health to SERVING via the health monitor."""
+        config = self.servicer.config
+        start = time.perf_counter()
+        self.engine = await factory(config)
+        self.adapters = AdapterRegistry(self.engine, retention=config.adapter_retention,
+                                        max_runs=config.max_adapter_runs, max_rank=config.max_lora_rank,
+                                        **self._registry_args)
+        self.servicer.attach(self.engine, self.adapters)
+        log.info("engine ready", extra={"startup_s": round(time.perf_counter() - start, 1),
+                                        "model": self.engine.info.name})
+        await asyncio.wait_for(self.engine.check_health(), config.health_timeout_s)
+        await self.running.set_serving(True)
+        self._monitor = asyncio.create_task(monitor_health(
+            self.engine, self.running.set_serving, config.health_interval_s, config.health_timeout_s,
+            serving=True))
+
+    async def close(self) -> None:
+        """Stops probing, shuts the engine down and removes the local adapter copies."""
+        if self._monitor is not None:
+            self._monitor.cancel()
+        await self.running.set_serving(False)
+        self.servicer.detach()
+        engine, adapters, self.engine, self.adapters = self.engine, self.adapters, None, None
+        if engine is not None:
+            await engine.shutdown()
+        if adapters is not None:
+            await adapters.close()

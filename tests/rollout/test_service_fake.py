@@ -1,0 +1,149 @@
+"""The gRPC RolloutService on a real grpc.aio server (port 0) over the in-process engine: status codes,
+health before/after the engine and when it dies, reflection, adapter version reporting."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from mmrl.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from services.common.grpc_server import channel
+from services.rollout.config import RolloutConfig
+from services.rollout.engine import Engine
+from services.rollout.service import SERVICE_NAME, RolloutServer
+from services.rollout.tiny_adapter import frame_png
+from tests.rollout.fake_engine import IMAGE_TOKEN, FakeEngine
+from tests.rollout.test_adapters import publish
+
+CONFIG = RolloutConfig(model="fake", max_model_len=128, health_interval_s=0.05, health_timeout_s=1.0)
+
+
+@dataclass
+class Service:
+    server: RolloutServer
+    stub: rollout_pb2_grpc.RolloutServiceStub
+    health: health_pb2_grpc.HealthStub
+    channel: grpc.aio.Channel
+    engine: FakeEngine
+    shared: Path
+
+
+@pytest.fixture
+async def service(tmp_path: Path) -> AsyncIterator[Service]:
+    shared, cache = tmp_path / "shared", tmp_path / "cache"
+    shared.mkdir()
+    cache.mkdir()
+    server = await RolloutServer.start(CONFIG, "127.0.0.1:0", shared_root=shared, cache_dir=cache)
+    async with channel(f"127.0.0.1:{server.port}") as ch:
+        yield Service(server, rollout_pb2_grpc.RolloutServiceStub(ch), health_pb2_grpc.HealthStub(ch), ch,
+                      FakeEngine(), shared)
+    await server.close()
+    await server.running.stop(grace_s=0)
+
+
+async def _attach(service: Service) -> None:
+    async def factory(config: RolloutConfig) -> Engine:
+        return service.engine
+
+    await service.server.start_engine(factory)
+
+
+async def _status(service: Service, name: str = SERVICE_NAME) -> int:
+    reply = await service.health.Check(health_pb2.HealthCheckRequest(service=name))
+    return int(reply.status)
+
+
+def _request(version: int = 0, run_id: str = "", max_tokens: int = 3) -> rollout_pb2.GenerationRequest:
+    return rollout_pb2.GenerationRequest(
+        prompt_token_ids=[1, 2, IMAGE_TOKEN, 3], images=[common_pb2.Image(data=frame_png(1), mime_type="image/png")],
+        sampling=rollout_pb2.SamplingParams(max_tokens=max_tokens, n=2), adapter_run_id=run_id,
+        adapter_version=version)
+
+
+async def _code(call: object) -> grpc.StatusCode:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call  # type: ignore[misc]
+    return info.value.code()
+
+
+async def test_health_is_not_serving_until_the_engine_is_up_and_calls_are_unavailable(service: Service) -> None:
+    assert await _status(service) == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert await _status(service, "") == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert await _code(service.stub.Generate(rollout_pb2.GenerateRequest(requests=[_request()]))) \
+        == grpc.StatusCode.UNAVAILABLE
+    await _attach(service)
+    assert await _status(service) == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_health_turns_not_serving_when_the_engine_dies(service: Service) -> None:
+    await _attach(service)
+    service.engine.dead = True
+    for _ in range(100):
+        if await _status(service) == health_pb2.HealthCheckResponse.NOT_SERVING:
+            break
+        await asyncio.sleep(0.02)
+    assert await _status(service) == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert await _code(service.stub.Generate(rollout_pb2.GenerateRequest(requests=[_request()]))) \
+        == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_generate_returns_results_in_request_order_with_the_adapter_version_used(service: Service) -> None:
+    await _attach(service)
+    publish(service.shared, "run", 7)
+    loaded = await service.stub.LoadAdapter(rollout_pb2.LoadAdapterRequest(run_id="run", version=7))
+    assert loaded.version == 7 and len(loaded.manifest_sha256) == 64
+    reply = await service.stub.Generate(rollout_pb2.GenerateRequest(
+        requests=[_request(), _request(7, "run"), _request(max_tokens=1)]))
+    assert [r.adapter_version for r in reply.results] == [0, 7, 0]
+    assert [len(r.completions) for r in reply.results] == [2, 2, 2]
+    assert len(reply.results[2].completions[0].token_ids) == 1
+    assert list(reply.results[0].prompt_token_ids) == [1, 2] + [IMAGE_TOKEN] * 4 + [3]
+    assert list(reply.results[0].completions[0].logprobs) == [-1.0] * 3
+    (listed,) = (await service.stub.ListAdapters(rollout_pb2.ListAdaptersRequest())).adapters
+    assert (listed.run_id, listed.version, listed.manifest_sha256) == ("run", 7, loaded.manifest_sha256)
+
+
+async def test_refusals_carry_their_status_code_and_leave_the_service_serving(service: Service) -> None:
+    await _attach(service)
+    stub = service.stub
+    assert await _code(stub.Generate(rollout_pb2.GenerateRequest(requests=[_request(3, "run")]))) \
+        == grpc.StatusCode.NOT_FOUND
+    assert await _code(stub.LoadAdapter(rollout_pb2.LoadAdapterRequest(run_id="run", version=1, path="/etc"))) \
+        == grpc.StatusCode.INVALID_ARGUMENT
+    tampered = publish(service.shared, "run", 1)
+    (tampered / "adapter_config.json").write_text("{}")
+    assert await _code(stub.LoadAdapter(rollout_pb2.LoadAdapterRequest(run_id="run", version=1))) \
+        == grpc.StatusCode.FAILED_PRECONDITION
+    assert await _code(stub.Sleep(rollout_pb2.SleepRequest(level=1))) == grpc.StatusCode.FAILED_PRECONDITION
+    bad = _request()
+    bad.images[0].data = b"nope"
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.Generate(rollout_pb2.GenerateRequest(requests=[_request(), bad]))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (info.value.details() or "").startswith("requests[1].images[0]: cannot decode")
+    assert await _status(service) == health_pb2.HealthCheckResponse.SERVING
+    assert len((await stub.Generate(rollout_pb2.GenerateRequest(requests=[_request()]))).results) == 1
+
+
+async def test_model_info_and_reflection_describe_the_service(service: Service) -> None:
+    await _attach(service)
+    info = await service.stub.GetModelInfo(rollout_pb2.GetModelInfoRequest())
+    assert (info.model, info.max_model_len, info.vocab_size, info.sleep_supported) == ("fake", 128, 512, False)
+    reflection = reflection_pb2_grpc.ServerReflectionStub(service.channel)
+    replies = reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+    names = [s.name async for reply in replies for s in reply.list_services_response.service]
+    assert SERVICE_NAME in names
+
+
+async def test_closing_shuts_the_engine_down(service: Service) -> None:
+    await _attach(service)
+    await service.server.close()
+    assert service.engine.closed
+    assert await _status(service) == health_pb2.HealthCheckResponse.NOT_SERVING
