@@ -98,6 +98,7 @@ class EvalSettings(_Strict):
 
     interval: int = Field(10, ge=1, description="Steps between evaluations.")
     eval_set: str = Field("", description="Eval set name ('' = the environment's default set).")
+    max_tasks: int = Field(0, ge=0, description="Evaluate only the first N tasks of the set (0 = all).")
     sampled_samples: int = Field(4, ge=0, le=64, description="Sampled episodes per maze (0 = skip).")
     sampled_temperature: float = Field(1.0, gt=0.0, le=5.0, description="Temperature of sampled eval.")
     save_frames: bool = Field(True, description="Write greedy eval episodes' frames to shared storage.")

@@ -113,7 +113,8 @@ async def execute_run(ctx: RunContext) -> RunState:
     await store.set_state(run_id, RunState.RUNNING)
     log.info("run started", extra={"run_id": run_id, "from_step": start_step})
 
-    plan = EvalPlan(specs=list(eval_set.specs), max_tokens=cfg.sampling.max_tokens,
+    eval_specs = list(eval_set.specs)[: cfg.eval.max_tasks or None]
+    plan = EvalPlan(specs=eval_specs, max_tokens=cfg.sampling.max_tokens,
                     sampled_samples=cfg.eval.sampled_samples,
                     sampled_temperature=cfg.eval.sampled_temperature, max_turns=cfg.turn_limit,
                     system_prompt=cfg.system_prompt)
