@@ -14,6 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from services.common.grpc_server import wait_for_termination
 from services.common.logging import setup_logging
 from services.rollout.config import RolloutConfig, ServerSettings, load_config
@@ -59,8 +61,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--log-level", default=settings.log_level)
     args = parser.parse_args(argv)
 
+    try:
+        config = load_config(args.config, {"model": args.model, "max_model_len": args.max_model_len})
+    except (ValidationError, OSError, ValueError) as exc:
+        parser.error(f"invalid configuration: {exc}")
     setup_logging("rollout", args.log_level)
-    config = load_config(args.config, {"model": args.model, "max_model_len": args.max_model_len})
     log.info("starting rollout service", extra={"config": config.model_dump(), "shared_root": str(args.shared_root)})
     with tempfile.TemporaryDirectory(prefix="mmrl-rollout-adapters-") as tmp:
         cache_dir = settings.adapter_cache_dir or Path(tmp)

@@ -1,0 +1,55 @@
+"""The rollout service's configuration: typed, bounded, unknown keys refused, deployment settings from env."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from services.rollout.config import RolloutConfig, ServerSettings, load_config
+from services.rollout.main import main
+
+
+def test_unknown_keys_and_a_retention_window_below_two_are_refused() -> None:
+    with pytest.raises(ValidationError, match="extra"):
+        RolloutConfig(model="m", max_lora=3)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match="adapter_retention"):
+        RolloutConfig(model="m", adapter_retention=1)
+    with pytest.raises(ValidationError, match="max_lora_rank"):
+        RolloutConfig(model="m", max_lora_rank=12)  # type: ignore[arg-type]
+
+
+def test_platform_dependent_defaults_resolve_for_cpu_and_gpu() -> None:
+    config = RolloutConfig(model="m")
+    assert (config.resolved_dtype(on_cpu=True), config.resolved_memory_utilization(on_cpu=True)) == ("float32", 0.1)
+    assert config.resolved_dtype(on_cpu=False) == "bfloat16"
+    assert RolloutConfig(model="m", dtype="float16").resolved_dtype(on_cpu=True) == "float16"
+    assert config.batched_tokens == 8192 and not config.chunked_prefill
+
+
+def test_a_config_file_is_read_and_command_line_values_override_it(tmp_path: Path) -> None:
+    path = tmp_path / "rollout.yaml"
+    path.write_text("model: /models/a\nmax_model_len: 1024\nadapter_retention: 3\n")
+    config = load_config(path, {"model": "/models/b", "max_model_len": None})
+    assert (config.model, config.max_model_len, config.adapter_retention) == ("/models/b", 1024, 3)
+    toml = tmp_path / "rollout.toml"
+    toml.write_text('model = "/models/c"\nlora_kernels = "vllm"\n')
+    assert load_config(toml).lora_kernels == "vllm"
+
+
+def test_deployment_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MMRL_SHARED_ROOT", str(tmp_path))
+    monkeypatch.setenv("MMRL_ROLLOUT_PORT", "6000")
+    monkeypatch.setenv("MMRL_ROLLOUT_ADDRS", "rollout:50052")  # the coordinator's variable is ignored here
+    settings = ServerSettings()
+    assert (settings.shared_root, settings.port) == (tmp_path, 6000)
+
+
+def test_serving_without_a_model_is_a_usage_error(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("MMRL_ROLLOUT_MODEL", raising=False)
+    with pytest.raises(SystemExit) as info:
+        main(["--port", "0"])
+    assert info.value.code == 2
+    assert "model" in capsys.readouterr().err
