@@ -66,12 +66,15 @@ class SftConfig(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, description="System turn (must match the GRPO runs).")
     seed: int = Field(0, description="Seed of data perturbation, shuffling and dropout.")
+    save_at: list[int] = Field(
+        default_factory=list, description="Also save intermediate checkpoints at these updates (<out>-u<N>)."
+    )
 
     def fingerprint(self) -> str:
         """Identifies the checkpoint this config produces (used to reuse a cached SFT)."""
         import hashlib
 
-        return hashlib.sha256(self.model_dump_json(exclude={"out"}).encode()).hexdigest()[:16]
+        return hashlib.sha256(self.model_dump_json(exclude={"out", "save_at"}).encode()).hexdigest()[:16]
 
 
 def expert_conversations(
@@ -156,7 +159,6 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
     num_actions = sum(t.num_generated_tokens for t in data)
     progress(f"sft data: {len(data)} expert conversations, {num_actions} action tokens "
              f"({time.perf_counter() - started:.1f} s)")
-    prepared = prepare_batch(data, spec, processor.image_processor)
 
     model.requires_grad_(True)  # full fine-tune: every weight trains
     model.train()
@@ -168,8 +170,9 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
     history = []
     for update in range(1, config.updates + 1):
         if len(order) < config.batch_size:
-            order += rng.sample(range(len(prepared)), len(prepared))
-        picked = [prepared[i] for i in order[: config.batch_size]]
+            order += rng.sample(range(len(data)), len(data))
+        # Prepared per update (not all up front): pixel values of every frame would not fit memory.
+        picked = prepare_batch([data[i] for i in order[: config.batch_size]], spec, processor.image_processor)
         del order[: config.batch_size]
         total_tokens = sum(p.num_generated for p in picked)
         optimizer.zero_grad(set_to_none=True)
@@ -187,18 +190,24 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
         if update % 25 == 0 or update == config.updates:
             progress(f"sft update {update}/{config.updates}  nll/token {loss_sum:.4f}  "
                      f"({time.perf_counter() - started:.0f} s)")
-    out = Path(config.out)
-    tmp = out.parent / f".tmp-{out.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    processor.save_pretrained(tmp)
+        if update in config.save_at and update != config.updates:
+            _save(model, processor, Path(f"{config.out}-u{update}"), {"updates": update, "loss_history": history})
     report = {
         "config": config.model_dump(), "fingerprint": config.fingerprint(), "num_conversations": len(data),
         "num_action_tokens": num_actions, "updates": config.updates, "final_loss": history[-1]["loss"] if history else None,
         "loss_history": history, "sft_wall_s": time.perf_counter() - started, "kind": "full-fine-tune",
     }
+    _save(model, processor, Path(config.out), report)
+    log.info("sft saved", extra={"out": config.out, "wall_s": report["sft_wall_s"]})
+    return report
+
+
+def _save(model: Any, processor: Any, out: Path, report: dict[str, Any]) -> None:
+    """Writes a complete HF model directory (weights, tokenizer, processor, report) atomically."""
+    tmp = out.parent / f".tmp-{out.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    processor.save_pretrained(tmp)
     (tmp / "sft_report.json").write_text(json.dumps(report, indent=2))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
-    log.info("sft saved", extra={"out": str(out), "wall_s": report["sft_wall_s"]})
-    return report
