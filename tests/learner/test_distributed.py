@@ -1,0 +1,85 @@
+"""Several ranks: `mmrl serve learner --nproc 2` (torchrun, FSDP2 on gloo) against an in-process
+single rank, and checkpoints that resume across world sizes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mmrl.v1 import learner_pb2, learner_pb2_grpc
+from services.common.grpc_server import channel
+from services.common.trajectory import Trajectory
+from services.learner.bench import start_learner_process, stop_learner_process
+from services.learner.config import LearnerSettings
+from services.learner.main import parser, torchrun_command
+from services.learner.publish import ADAPTER_WEIGHTS, peft_key
+from tests.learner.conftest import adapter_weights
+
+# A large Adam epsilon keeps updates proportional to the gradients (see test_trainer).
+CONFIG = {"learning_rate": 0.01, "micro_batch_size": 2, "adam_eps": 1e-3, "weight_decay": 0.01}
+COMPARED = ("train/loss", "train/pg_loss", "train/grad_norm", "train/entropy", "train/logprob_abs_diff_vs_rollout",
+            "train/num_tokens", "train/num_generated_tokens")
+
+
+def test_the_torchrun_command_passes_the_worker_flags_through_unchanged(tmp_path: Path) -> None:
+    from torch.distributed.run import get_args_parser
+
+    args = parser(LearnerSettings()).parse_args(
+        ["--nproc", "2", "--model", "m", "--port", "0", "--port-file", str(tmp_path / "p"), "--num-threads", "1"])
+    command = torchrun_command(args)
+    parsed = get_args_parser().parse_args(command[3:])
+    assert (parsed.nproc_per_node, parsed.standalone, parsed.module) == ("2", True, True)
+    assert parsed.training_script == "services.learner.main"
+    assert "--model=m" in parsed.training_script_args and "--port=0" in parsed.training_script_args
+    assert not any(a.startswith(("--nproc", "--nnodes")) for a in parsed.training_script_args)
+    multi = parser(LearnerSettings()).parse_args(
+        ["--nproc", "8", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "head:29500"])
+    parsed = get_args_parser().parse_args(torchrun_command(multi)[3:])
+    assert (parsed.nnodes, parsed.node_rank, parsed.master_addr, parsed.master_port) == ("2", 1, "head", 29500)
+
+
+@pytest.mark.slow
+async def test_two_fsdp_ranks_give_the_steps_of_one_rank_and_their_checkpoint_resumes_on_one_rank(
+    tiny_model_dir: Path, tmp_path: Path, trajectories: list[Trajectory], make_driver: Callable[..., Any]
+) -> None:
+    batch = trajectories[:5]  # 3 + 2 trajectories: the second rank also runs a zero-weight padding copy
+    two_root = tmp_path / "two-ranks"
+    process, port = start_learner_process(tiny_model_dir, two_root, tmp_path, nproc=2, num_threads=1)
+    try:
+        async with channel(f"127.0.0.1:{port}") as ch:
+            stub = learner_pb2_grpc.LearnerServiceStub(ch)
+            await stub.ConfigureRun(learner_pb2.ConfigureRunRequest(run_id="run", config_json=json.dumps(CONFIG)))
+            request = learner_pb2.TrainStepRequest(run_id="run", trajectories=[t.to_proto() for t in batch])
+            two_rank = [dict((await stub.TrainStep(request)).metrics) for _ in range(2)]
+            checkpoint = await stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(run_id="run"))
+            published = await stub.PublishAdapter(learner_pb2.PublishAdapterRequest(run_id="run"))
+        assert {m["train/ranks"] for m in two_rank} == {2.0}
+    finally:
+        stop_learner_process(process)  # SIGTERM to torchrun and its ranks
+
+    one = make_driver(tmp_path / "one-rank")
+    one.configure("run", json.dumps(CONFIG))
+    one_rank = [one.train_step("run", batch).metrics for _ in range(2)]
+    for step_two, step_one in zip(two_rank, one_rank, strict=True):
+        for key in COMPARED:
+            assert step_two[key] == pytest.approx(step_one[key], rel=1e-5, abs=1e-7), key
+    two_adapter = load_file(str(Path(published.path) / ADAPTER_WEIGHTS))
+    one_adapter = {peft_key(k): v for k, v in adapter_weights(one).items()}
+    assert two_adapter.keys() == one_adapter.keys()
+    for name, tensor in one_adapter.items():
+        torch.testing.assert_close(two_adapter[name], tensor, rtol=1e-4, atol=1e-6)
+
+    # The two-rank checkpoint, restored by a single rank, continues like the uninterrupted run.
+    expected = one.train_step("run", batch).metrics
+    resumed = make_driver(two_root)
+    state = resumed.configure("run", json.dumps(CONFIG))
+    assert (state.step, state.restored_from, state.adapter_version) == (2, checkpoint.path, 1)
+    got = resumed.train_step("run", batch).metrics
+    for key in COMPARED:
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key

@@ -1,0 +1,102 @@
+"""An adapter published by the learner, loaded by the rollout service over gRPC (LoadAdapter,
+real vLLM behind it): the service confirms the learner's manifest checksum, and the learner's
+log-probs of the tokens it then generates in multi-turn image conversations match the service's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from mmrl.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from services.common.conversation import ChatTokens, TokenConversation
+from services.common.grpc_server import channel
+from services.common.trajectory import Trajectory
+from services.learner.synthetic import fake_generator, maze_frame, play_episodes, with_advantages
+
+rollout_service = pytest.importorskip("services.rollout.service")
+rollout_config = pytest.importorskip("services.rollout.config")
+rollout_vllm = pytest.importorskip("services.rollout.engine_vllm")
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+TOLERANCE = 1e-4
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def rollout(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Any, Path]]:
+    shared = tmp_path_factory.mktemp("shared")
+    config = rollout_config.RolloutConfig(model=str(tiny_model_dir), max_model_len=2048, limit_images_per_prompt=4,
+                                          max_num_seqs=16, adapter_retention=2, max_loras=2)
+    server = await rollout_service.RolloutServer.start(config, "127.0.0.1:0", shared_root=shared,
+                                                       cache_dir=tmp_path_factory.mktemp("adapter-cache"))
+    await server.start_engine(rollout_vllm.VllmEngine.start)
+    async with channel(f"127.0.0.1:{server.port}") as ch:
+        yield rollout_pb2_grpc.RolloutServiceStub(ch), shared
+    await server.close()
+    await server.running.stop(grace_s=0)
+
+
+async def _play(stub: Any, tokenizer: Any, run_id: str, version: int, num_episodes: int, num_turns: int) -> list[Trajectory]:
+    """Multi-turn episodes through the rollout service, built the coordinator's way. A sample that
+    contains a special token (a random model's babble, e.g. another <|image_pad|>) is drawn again."""
+    chat = ChatTokens.from_tokenizer(tokenizer)
+    special = set(tokenizer.all_special_ids) - {chat.im_end}
+    conversations = [TokenConversation(chat) for _ in range(num_episodes)]
+    for turn in range(num_turns):
+        for index, conversation in enumerate(conversations):
+            conversation.add_observation(tokenizer, f"Moves left: {num_turns - turn}.", [maze_frame(index, turn)])
+        for index, conversation in enumerate(conversations):
+            for attempt in range(20):
+                request = rollout_pb2.GenerationRequest(
+                    prompt_token_ids=conversation.compact_ids,
+                    images=[common_pb2.Image(data=f, mime_type="image/png") for f in conversation.images],
+                    sampling=rollout_pb2.SamplingParams(temperature=1.0, max_tokens=3, seed=1000 * index + attempt),
+                    adapter_run_id=run_id if version else "", adapter_version=version)
+                result = (await stub.Generate(rollout_pb2.GenerateRequest(requests=[request]))).results[0]
+                assert result.adapter_version == version
+                completion = result.completions[0]
+                if not special & set(completion.token_ids):
+                    break
+            conversation.add_generation(list(result.prompt_token_ids), list(completion.token_ids),
+                                        list(completion.logprobs))
+    return [Trajectory(trajectory_id=f"ep-{i}", token_ids=tuple(c.record_ids), loss_mask=tuple(c.loss_mask),
+                       logprobs=tuple(c.logprobs), advantages=tuple(c.loss_mask), images=tuple(c.images),
+                       turn_starts=tuple(c.turn_starts), adapter_version=version)
+            for i, c in enumerate(conversations)]
+
+
+async def test_the_rollout_service_loads_a_learner_adapter_and_samples_tokens_whose_logprobs_the_learner_matches(
+    rollout: tuple[Any, Path], tokenizer: Any, make_driver: Callable[..., Any]
+) -> None:
+    stub, shared = rollout
+    driver = make_driver(shared)
+    driver.configure("run", json.dumps({"learning_rate": 0.05, "micro_batch_size": 4}))
+    warm_up = play_episodes(fake_generator(ChatTokens.from_tokenizer(tokenizer), tokenizer, 25), tokenizer,
+                            num_groups=1, group_size=4, num_turns=2)
+    for _ in range(2):
+        driver.train_step("run", with_advantages(warm_up, [1.0, -1.0, 0.5, -0.25]))
+    published = driver.publish("run")
+
+    loaded = await stub.LoadAdapter(rollout_pb2.LoadAdapterRequest(run_id="run", version=published.version,
+                                                                   path=str(published.path)))
+    assert (loaded.version, loaded.manifest_sha256) == (1, published.manifest_sha256)
+
+    base = await _play(stub, tokenizer, "run", 0, num_episodes=3, num_turns=2)
+    tuned = await _play(stub, tokenizer, "run", 1, num_episodes=3, num_turns=2)
+    # The learner holds adapter v1 now: its log-probs (before the update) must match the v1 samples.
+    on_tuned = driver.train_step("run", tuned).metrics
+    assert on_tuned["train/logprob_abs_diff_vs_rollout_max"] <= TOLERANCE
+    # And the base samples really differ from what the adapter gives (the service applied it).
+    reference = make_driver(shared / "other")
+    reference.configure("run", "{}")
+    on_base = reference.train_step("run", base).metrics  # a zero adapter is the base model
+    assert on_base["train/logprob_abs_diff_vs_rollout_max"] <= TOLERANCE
+    stale = driver.train_step("run", base).metrics  # base samples scored by the tuned learner
+    assert stale["train/logprob_abs_diff_vs_rollout"] > 100 * TOLERANCE
+    print(f"\nrollout service vs learner max |dlogp|: adapter v1 {on_tuned['train/logprob_abs_diff_vs_rollout_max']:.2e}, "
+          f"base {on_base['train/logprob_abs_diff_vs_rollout_max']:.2e}; adapter effect "
+          f"{stale['train/logprob_abs_diff_vs_rollout']:.2e}")
