@@ -181,6 +181,11 @@ async def test_an_adapter_changes_generation_is_reported_and_matches_the_learner
     with rollout.peft_model.disable_adapter():
         expected_base = _hf_logprobs(rollout, rollout.peft_model, base, (0,))
     assert list(base.completions[0].logprobs) == pytest.approx(expected_base, abs=1e-5)
+    # Sampled, not just greedy: at temperature 0.3 the adapter answers "left" almost always, the base never.
+    sampled = await _generate(rollout, *(_request(rollout, (1,), version=v, max_tokens=1, temperature=0.3, n=32,
+                                                  seed=3) for v in (0, 1)))
+    num_left = [sum(list(c.token_ids) == left[:1] for c in result.completions) for result in sampled]
+    assert num_left[0] <= 4 and num_left[1] >= 24, num_left
 
 
 async def test_base_requests_batched_with_adapter_requests_get_the_base_model(rollout: Rollout) -> None:
