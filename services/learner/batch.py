@@ -2,8 +2,8 @@
 
 `prepare_trajectory` checks one trajectory against the model (lengths, vocabulary, images that
 decode, one placeholder run per image of exactly the processor's token count) and runs the same HF
-image processor the rollout engine ran on the same frame bytes (`FrameProcessor`). `collate` pads a list of prepared
-trajectories into a `PolicyBatch`. Errors are ValueError naming the trajectory.
+image processor the rollout engine ran on the same frame bytes (`FrameProcessor`). `collate` pads
+a list of prepared trajectories into a `PolicyBatch`. Errors are ValueError naming the trajectory.
 """
 
 from __future__ import annotations

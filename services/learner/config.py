@@ -17,7 +17,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # Every linear layer of the language model's decoder layers; the vision tower and its merger
 # are not adapted (vLLM applies LoRA to the language model only).
 DEFAULT_LORA_TARGETS = (
-    r".*language_model\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj))"
+    r".*language_model\.layers\.\d+\."
+    r"(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj))"
 )
 
 
@@ -53,6 +54,10 @@ class LearnerRunConfig(BaseModel):
     """AdamW epsilon."""
     max_grad_norm: float = Field(default=1.0, gt=0)
     """Gradients are clipped to this global L2 norm before the optimiser step."""
+    num_minibatches: int = Field(default=1, ge=1, le=1024)
+    """Optimiser steps per TrainStep: the batch is split into this many mini-batches (in request
+    order), one step each. 1 is plain on-policy GRPO (the PPO ratio is 1); with more, the later
+    steps are off-policy and the clipped ratio against the pre-step log-probs applies."""
     micro_batch_size: int = Field(default=8, ge=1, le=4096)
     """Trajectories per forward/backward on each rank; gradients accumulate over micro-batches, so
     any batch size fits memory and the result does not depend on this value."""

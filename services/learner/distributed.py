@@ -146,7 +146,9 @@ def plan_shards(lengths: Sequence[int], world_size: int) -> list[list[tuple[int,
     """
     assert lengths, "no trajectories to shard"
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    shards: list[list[tuple[int, bool]]] = [[(i, False) for i in order[r::world_size]] for r in range(world_size)]
+    shards: list[list[tuple[int, bool]]] = [
+        [(i, False) for i in order[r::world_size]] for r in range(world_size)
+    ]
     per_rank = max(len(shard) for shard in shards)
     for shard in shards:
         shard.extend((order[-1], True) for _ in range(per_rank - len(shard)))

@@ -24,7 +24,7 @@ from services.learner.config import LearnerRunConfig
 from services.learner.distributed import broadcast_object, plan_shards, scatter_objects
 from services.learner.engine import LearnerEngine, LearnerState, existing_run_versions
 from services.learner.publish import PublishedAdapter, next_adapter_version
-from services.learner.trainer import BatchTotals
+from services.learner.trainer import BatchTotals, MiniBatch
 
 log = logging.getLogger("mmrl.learner")
 
@@ -44,7 +44,7 @@ class Command:
     config_json: str = ""
     path: str = ""
     version: int = 0
-    totals: BatchTotals | None = None
+    totals: tuple[BatchTotals, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,10 @@ class LearnerDriver:
             if run.config == config:
                 return self.engine.state()
             raise StateError(f"run {run_id!r} is already configured with a different config")
-        for parent in (storage.adapters_dir(self.shared_root, run_id), storage.checkpoints_dir(self.shared_root, run_id)):
+        for parent in (
+            storage.adapters_dir(self.shared_root, run_id),
+            storage.checkpoints_dir(self.shared_root, run_id),
+        ):
             storage.remove_stale_temporaries(parent)
         checkpoint = ckpt.newest_valid_checkpoint(self.shared_root, run_id)
         if checkpoint is not None:
@@ -105,24 +108,44 @@ class LearnerDriver:
         return state
 
     def train_step(self, run_id: str, trajectories: Sequence[Trajectory]) -> TrainResult:
+        """Validates the whole batch on rank 0, splits it into mini-batches, shards each across
+        the ranks (the other ranks get their trajectories by scatter) and trains."""
         self._require(run_id)
+        assert self.engine.run is not None
         start = time.perf_counter()
         prepared = prepare_batch(trajectories, self.engine.spec, self.engine.frames)
-        totals = BatchTotals.of(prepared)
-        plan = plan_shards([item.num_tokens for item in prepared], self.ctx.world_size)
+        groups = split_minibatches(len(prepared), self.engine.run.config.num_minibatches)
+        totals = tuple(BatchTotals.of([prepared[i] for i in group]) for group in groups)
+        # plans[j][rank] = [(index into the batch, is_padding), ...]
+        plans = [
+            [
+                [(group[i], pad) for i, pad in shard]
+                for shard in plan_shards([prepared[i].num_tokens for i in group], self.ctx.world_size)
+            ]
+            for group in groups
+        ]
         self._send(Command("train", totals=totals))
         if self.ctx.world_size > 1:
-            shards = [[] if rank == 0 else [(trajectories[i], pad) for i, pad in shard]
-                      for rank, shard in enumerate(plan)]
+            shards = [
+                [[(trajectories[i], pad) for i, pad in plan[rank]] for plan in plans] if rank else []
+                for rank in range(self.ctx.world_size)
+            ]
             scatter_objects(shards, self.ctx)
-        mine = [prepared[i].as_padding() if pad else prepared[i] for i, pad in plan[0]]
-        outcome = self.engine.train(mine, totals)
+        mine = [
+            MiniBatch(
+                [prepared[i].as_padding() if pad else prepared[i] for i, pad in plan[0]], minibatch_totals
+            )
+            for plan, minibatch_totals in zip(plans, totals, strict=True)
+        ]
+        outcome = self.engine.train(mine)
         elapsed = time.perf_counter() - start
+        newest = self.engine.state().adapter_version
         metrics = {
             **outcome.metrics,
             "train/step_s": elapsed,
-            "train/tokens_per_s": totals.num_tokens / elapsed,
+            "train/tokens_per_s": sum(t.num_tokens for t in totals) / elapsed,
             "train/ranks": float(self.ctx.world_size),
+            "train/adapter_version_lag_max": float(newest - min(t.adapter_version for t in trajectories)),
         }
         log.info("train step", extra={"run_id": run_id, "step": self.engine.state().step, "metrics": metrics})
         return TrainResult(step=self.engine.state().step, metrics=metrics, skipped=outcome.skipped)
@@ -133,7 +156,9 @@ class LearnerDriver:
         self._send(Command("publish", version=version))
         published = self.engine.publish(version)
         assert published is not None
-        log.info("published adapter", extra={"run_id": run_id, "version": version, "path": str(published.path)})
+        log.info(
+            "published adapter", extra={"run_id": run_id, "version": version, "path": str(published.path)}
+        )
         return published
 
     def save_checkpoint(self, run_id: str) -> tuple[int, Path, float]:
@@ -179,7 +204,9 @@ class LearnerDriver:
         wanted = config.adapter_shape_fields()
         have = {k: saved.config.get(k) for k in wanted}
         if have != wanted:
-            raise StateError(f"checkpoint {directory} was trained with {have}, the run config asks for {wanted}")
+            raise StateError(
+                f"checkpoint {directory} was trained with {have}, the run config asks for {wanted}"
+            )
 
     def _load(self, directory: Path, reset_on_error: bool) -> LearnerState:
         try:
@@ -195,6 +222,13 @@ class LearnerDriver:
         return state
 
 
+def split_minibatches(num_items: int, num_minibatches: int) -> list[list[int]]:
+    """Contiguous, near-equal groups of indices in request order (at most one per item)."""
+    count = min(num_minibatches, num_items)
+    bounds = [round(j * num_items / count) for j in range(count + 1)]
+    return [list(range(bounds[j], bounds[j + 1])) for j in range(count)]
+
+
 def worker_loop(engine: LearnerEngine) -> None:
     """Ranks other than 0: run rank 0's commands until told to stop."""
     ctx = engine.ctx
@@ -206,13 +240,20 @@ def worker_loop(engine: LearnerEngine) -> None:
         if command.kind == "configure":
             engine.configure(command.run_id, LearnerRunConfig.from_json(command.config_json), command.version)
         elif command.kind == "train":
-            assert command.totals is not None
-            shard = scatter_objects(None, ctx)
-            items = []
-            for traj, pad in shard:
-                item = prepare_trajectory(traj, engine.spec, engine.frames)
-                items.append(item.as_padding() if pad else item)
-            engine.train(items, command.totals)
+            shards = scatter_objects(None, ctx)
+            minibatches = []
+            for shard, totals in zip(shards, command.totals, strict=True):
+                items = [prepare_trajectory(traj, engine.spec, engine.frames) for traj, _ in shard]
+                minibatches.append(
+                    MiniBatch(
+                        [
+                            item.as_padding() if pad else item
+                            for item, (_, pad) in zip(items, shard, strict=True)
+                        ],
+                        totals,
+                    )
+                )
+            engine.train(minibatches)
         elif command.kind == "publish":
             engine.publish(command.version)
         elif command.kind == "save":

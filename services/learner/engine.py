@@ -18,7 +18,7 @@ import torch
 
 from services.common import storage
 from services.learner import checkpoint as ckpt
-from services.learner.batch import FrameProcessor, ModelSpec, PreparedTrajectory
+from services.learner.batch import FrameProcessor, ModelSpec
 from services.learner.config import LearnerRunConfig, LearnerSettings
 from services.learner.distributed import (
     DistContext,
@@ -36,7 +36,7 @@ from services.learner.policy import (
     trainable_parameters,
 )
 from services.learner.publish import PublishedAdapter, publish_adapter
-from services.learner.trainer import BatchTotals, StepOutcome, train_step
+from services.learner.trainer import MiniBatch, StepOutcome, train_step
 
 log = logging.getLogger("mmrl.learner")
 
@@ -84,7 +84,6 @@ class LearnerEngine:
 
     # -- queries ------------------------------------------------------------------------------------
 
-
     def state(self) -> LearnerState:
         assert self.run is not None
         run = self.run
@@ -103,17 +102,18 @@ class LearnerEngine:
         model = add_lora(load_base_model(self.model_dir, torch.float32), config)
         model = shard_model(model, self.ctx, self.compute_dtype)
         optimizer = build_optimizer((p for _, p in trainable_parameters(model)), config)
-        self.run = _Run(run_id=run_id, config=config, model=model, optimizer=optimizer,
-                        adapter_version=adapter_version)
+        self.run = _Run(
+            run_id=run_id, config=config, model=model, optimizer=optimizer, adapter_version=adapter_version
+        )
         ckpt.seed_rng(config.seed, self.ctx.rank)
         log.info("configured run", extra={"run_id": run_id, "rank": self.ctx.rank, **self.state().__dict__})
         return self.state()
 
-    def train(self, items: list[PreparedTrajectory], totals: BatchTotals) -> StepOutcome:
+    def train(self, minibatches: list[MiniBatch]) -> StepOutcome:
         assert self.run is not None
         run = self.run
-        outcome = train_step(run.model, run.optimizer, items, totals, run.config, run.step, self.spec, self.ctx)
-        run.step += 1
+        outcome = train_step(run.model, run.optimizer, minibatches, run.config, run.step, self.spec, self.ctx)
+        run.step += outcome.num_steps
         return outcome
 
     def publish(self, version: int) -> PublishedAdapter | None:
@@ -124,7 +124,11 @@ class LearnerEngine:
         published = None
         if self.ctx.is_main:
             published = publish_adapter(
-                self.settings.shared_root, run.run_id, version, state, self._peft_config(),
+                self.settings.shared_root,
+                run.run_id,
+                version,
+                state,
+                self._peft_config(),
                 extra_manifest={"step": run.step, "base_model": str(self.model_dir)},
             )
         run.adapter_version = version
@@ -141,12 +145,20 @@ class LearnerEngine:
             return None
         assert rng_states is not None
         trainer_state = ckpt.TrainerState(
-            run_id=run.run_id, step=run.step, adapter_version=run.adapter_version,
-            world_size=self.ctx.world_size, base_model=str(self.model_dir),
+            run_id=run.run_id,
+            step=run.step,
+            adapter_version=run.adapter_version,
+            world_size=self.ctx.world_size,
+            base_model=str(self.model_dir),
             config=run.config.model_dump(mode="json"),
         )
         return ckpt.write_checkpoint(
-            self.settings.shared_root, trainer_state, model_state, optim_state, rng_states, self._peft_config()
+            self.settings.shared_root,
+            trainer_state,
+            model_state,
+            optim_state,
+            rng_states,
+            self._peft_config(),
         )
 
     def reset(self) -> None:

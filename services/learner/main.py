@@ -28,7 +28,9 @@ def parser(settings: LearnerSettings) -> argparse.ArgumentParser:
     parser.add_argument("--port-file", type=Path, help="write the bound port here once serving")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default=settings.device)
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default=settings.dtype)
-    parser.add_argument("--num-threads", type=int, default=settings.num_threads, help="torch CPU threads per rank")
+    parser.add_argument(
+        "--num-threads", type=int, default=settings.num_threads, help="torch CPU threads per rank"
+    )
     parser.add_argument("--log-level", default=settings.log_level)
     parser.add_argument("--nproc", type=int, default=1, help="ranks on this node (torchrun when > 1)")
     parser.add_argument("--nnodes", type=int, default=1, help="nodes (torchrun rendezvous when > 1)")
@@ -41,9 +43,15 @@ def parser(settings: LearnerSettings) -> argparse.ArgumentParser:
 def worker_argv(args: argparse.Namespace) -> list[str]:
     """The flags every rank needs (the launcher's own flags are left out: torchrun would try to
     read an abbreviation like --nproc as one of its options)."""
-    argv = [f"--model={args.model}", f"--shared-root={args.shared_root}", f"--host={args.host}",
-            f"--port={args.port}", f"--device={args.device}", f"--dtype={args.dtype}",
-            f"--log-level={args.log_level}"]
+    argv = [
+        f"--model={args.model}",
+        f"--shared-root={args.shared_root}",
+        f"--host={args.host}",
+        f"--port={args.port}",
+        f"--device={args.device}",
+        f"--dtype={args.dtype}",
+        f"--log-level={args.log_level}",
+    ]
     if args.num_threads is not None:
         argv.append(f"--num-threads={args.num_threads}")
     if args.port_file is not None:
@@ -91,10 +99,18 @@ def main(argv: list[str]) -> int:
     if (args.nproc > 1 or args.nnodes > 1) and "LOCAL_RANK" not in os.environ:
         command = torchrun_command(args)
         os.execv(command[0], command)
-    settings = env_settings.model_copy(update={
-        "model": args.model, "shared_root": args.shared_root, "host": args.host, "port": args.port,
-        "device": args.device, "dtype": args.dtype, "log_level": args.log_level, "num_threads": args.num_threads,
-    })
+    settings = env_settings.model_copy(
+        update={
+            "model": args.model,
+            "shared_root": args.shared_root,
+            "host": args.host,
+            "port": args.port,
+            "device": args.device,
+            "dtype": args.dtype,
+            "log_level": args.log_level,
+            "num_threads": args.num_threads,
+        }
+    )
     log = setup_logging("learner", settings.log_level)
 
     from services.learner.distributed import init_distributed
@@ -102,8 +118,15 @@ def main(argv: list[str]) -> int:
     from services.learner.engine import LearnerEngine
 
     ctx = init_distributed(settings.device)
-    log.info("starting learner rank", extra={"rank": ctx.rank, "world_size": ctx.world_size,
-                                             "device": str(ctx.device), "settings": settings.model_dump(mode="json")})
+    log.info(
+        "starting learner rank",
+        extra={
+            "rank": ctx.rank,
+            "world_size": ctx.world_size,
+            "device": str(ctx.device),
+            "settings": settings.model_dump(mode="json"),
+        },
+    )
     engine = LearnerEngine(settings, ctx)
     if ctx.is_main:
         asyncio.run(_serve(settings, engine, args.port_file))

@@ -28,7 +28,9 @@ T = TypeVar("T")
 
 def _state_reply(state: LearnerState) -> learner_pb2.LearnerState:
     return learner_pb2.LearnerState(
-        run_id=state.run_id, step=state.step, adapter_version=state.adapter_version,
+        run_id=state.run_id,
+        step=state.step,
+        adapter_version=state.adapter_version,
         restored_from=state.restored_from,
     )
 
@@ -75,8 +77,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     ) -> learner_pb2.PublishAdapterResponse:
         published = await self._call(context, lambda: self.driver.publish(request.run_id))
         return learner_pb2.PublishAdapterResponse(
-            version=published.version, path=str(published.path),
-            manifest_sha256=published.manifest_sha256, publish_ms=published.publish_ms,
+            version=published.version,
+            path=str(published.path),
+            manifest_sha256=published.manifest_sha256,
+            publish_ms=published.publish_ms,
         )
 
     async def SaveCheckpoint(

@@ -36,8 +36,11 @@ def maze_frame(seed: int, agent_step: int = 0, size: int = 9, unit_px: int = 8, 
     stack, seen = [(0, 0)], {(0, 0)}
     while stack:
         x, y = stack[-1]
-        steps = [(dx, dy) for dx, dy in ((1, 0), (-1, 0), (0, 1), (0, -1))
-                 if 0 <= x + dx < cells and 0 <= y + dy < cells and (x + dx, y + dy) not in seen]
+        steps = [
+            (dx, dy)
+            for dx, dy in ((1, 0), (-1, 0), (0, 1), (0, -1))
+            if 0 <= x + dx < cells and 0 <= y + dy < cells and (x + dx, y + dy) not in seen
+        ]
         if not steps:
             stack.pop()
             continue
@@ -68,7 +71,9 @@ def fake_generator(chat: ChatTokens, tokenizer: Any, tokens_per_image: int, seed
     rng = random.Random(seed)
     action_ids = {a: tokenizer.encode(a, add_special_tokens=False) for a in ACTIONS}
 
-    def generate(prompts: list[tuple[list[int], list[bytes]]]) -> list[tuple[list[int], list[int], list[float]]]:
+    def generate(
+        prompts: list[tuple[list[int], list[bytes]]],
+    ) -> list[tuple[list[int], list[int], list[float]]]:
         out = []
         for compact, frames in prompts:
             expanded = expand_image_placeholders(compact, chat.image_pad, [tokens_per_image] * len(frames))
@@ -82,10 +87,14 @@ def fake_generator(chat: ChatTokens, tokenizer: Any, tokens_per_image: int, seed
 def vllm_generator(llm: Any, sampling_params: Any, lora_request: Any = None) -> Generator:
     """Generation with a real in-process `vllm.LLM` (token ids in, expanded ids and log-probs out)."""
 
-    def generate(prompts: list[tuple[list[int], list[bytes]]]) -> list[tuple[list[int], list[int], list[float]]]:
+    def generate(
+        prompts: list[tuple[list[int], list[bytes]]],
+    ) -> list[tuple[list[int], list[int], list[float]]]:
         requests = [
-            {"prompt_token_ids": compact,
-             "multi_modal_data": {"image": [Image.open(io.BytesIO(f)) for f in frames]}}
+            {
+                "prompt_token_ids": compact,
+                "multi_modal_data": {"image": [Image.open(io.BytesIO(f)) for f in frames]},
+            }
             for compact, frames in prompts
         ]
         outputs = llm.generate(requests, sampling_params, lora_request=lora_request, use_tqdm=False)
@@ -150,4 +159,7 @@ def with_advantages(trajectories: Sequence[Trajectory], values: Sequence[float])
     """Copies with a constant advantage per trajectory on its generated tokens."""
     from dataclasses import replace
 
-    return [replace(t, advantages=tuple(v * m for m in t.loss_mask)) for t, v in zip(trajectories, values, strict=True)]
+    return [
+        replace(t, advantages=tuple(v * m for m in t.loss_mask))
+        for t, v in zip(trajectories, values, strict=True)
+    ]

@@ -1,30 +1,34 @@
-"""One optimiser step on a batch of trajectories, run by every rank on its shard.
+"""The optimiser steps of one TrainStep, run by every rank on its shard of the batch.
 
-Reads top to bottom as the algorithm: for each micro-batch, the learner's log-probs (with
-gradient) and, with a KL term, the reference log-probs (adapter disabled); the per-token loss
-(loss.py) weighted so that the sum over all micro-batches of all ranks is the whole batch's loss;
-backward. Then gradient clipping, a non-finite check that skips the step, and AdamW at the
-scheduled learning rate.
+Reads top to bottom as the algorithm. The batch is split into `num_minibatches` mini-batches
+(one optimiser step each). For each mini-batch and each of its micro-batches: the learner's
+log-probs (with gradient) and, with a KL term, the reference log-probs (adapter disabled); the
+per-token loss (loss.py) weighted so that the sum over all micro-batches of all ranks is the
+mini-batch's loss; backward. Then gradient clipping, a non-finite check that skips the step, and
+AdamW at the scheduled learning rate.
 
-Normalisation: the weights come from whole-batch counts (`BatchTotals`), each rank backpropagates
-`world_size * local_loss`, and FSDP2 averages gradients over ranks, so the gradient is that of
-the whole-batch loss for any number of ranks and any micro-batch size.
+Normalisation: the weights come from whole-mini-batch counts (`BatchTotals`), each rank
+backpropagates `world_size * local_loss`, and FSDP2 averages gradients over ranks, so the
+gradient is that of the whole mini-batch's loss for any number of ranks and any micro-batch size.
 
-The "old" policy of the PPO ratio is the learner's own log-probs before the update (detached),
-since each batch gets one optimiser step; the rollout engine's log-probs enter only through
-the truncated importance-sampling weights and the `logprob_abs_diff_vs_rollout` check.
+The "old" policy of the PPO ratio is the learner's own log-probs before the TrainStep's first
+update: with one mini-batch they are the detached log-probs of the same forward (ratio 1, the
+plain policy gradient); with several, a no-grad pass computes them first, and later mini-batches
+are off-policy, where the clip (and clip-higher) binds. The rollout engine's log-probs enter only
+through the truncated importance-sampling weights and the `logprob_abs_diff_vs_rollout` check.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from services.learner.batch import ModelSpec, PreparedTrajectory, collate
+from services.learner.batch import ModelSpec, PolicyBatch, PreparedTrajectory, collate
 from services.learner.config import LearnerRunConfig
 from services.learner.distributed import DistContext, all_reduce
 from services.learner.loss import aggregation_weights, policy_loss
@@ -51,12 +55,21 @@ class BatchTotals:
 
 
 @dataclass(frozen=True)
+class MiniBatch:
+    """This rank's share of one mini-batch and the counts of the whole mini-batch (every rank)."""
+
+    items: list[PreparedTrajectory]
+    totals: BatchTotals
+
+
+@dataclass(frozen=True)
 class StepOutcome:
     metrics: dict[str, float]
     skipped: bool
+    num_steps: int
 
 
-# Sums accumulated over micro-batches and then over ranks, in this order.
+# Token-level sums accumulated over micro-batches and then over ranks, in this order.
 _SUMS = ("loss", "pg_loss", "kl", "clipped", "entropy", "abs_diff", "generated", "is_weight")
 
 
@@ -71,100 +84,146 @@ def set_lora_dropout(model: Any, training: bool) -> None:
             module.train(training)
 
 
+def _batches(minibatch: MiniBatch, config: LearnerRunConfig, spec: ModelSpec) -> list[PolicyBatch]:
+    return [
+        collate(chunk, spec.pad_token_id, spec.image_token_id)
+        for chunk in micro_batches(minibatch.items, config.micro_batch_size)
+    ]
+
+
+@torch.no_grad()
+def _old_logprobs(model: Any, batches: list[PolicyBatch], device: torch.device) -> list[torch.Tensor]:
+    return [token_logprobs(model, batch, device, with_entropy=False)[0] for batch in batches]
+
+
+def _accumulate_gradients(
+    model: Any,
+    batches: list[PolicyBatch],
+    totals: BatchTotals,
+    old: list[torch.Tensor] | None,
+    config: LearnerRunConfig,
+    ctx: DistContext,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward/backward over one mini-batch's micro-batches; returns this rank's (sums, max |diff|)."""
+    device = ctx.device
+    sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=device)
+    max_abs_diff = torch.zeros((), dtype=torch.float64, device=device)
+    for index, batch in enumerate(batches):
+        mask = (batch.loss_mask * batch.weights[:, None]).to(device)
+        ref = reference_logprobs(model, batch, device) if config.kl_coef > 0 else None
+        if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter once, at the end
+            model.set_requires_gradient_sync(index == len(batches) - 1)
+        logprobs, entropy = token_logprobs(model, batch, device)
+        assert entropy is not None
+        old_logprobs = logprobs.detach() if old is None else old[index]
+        rollout = batch.rollout_logprobs.to(device)
+        terms = policy_loss(
+            logprobs,
+            old_logprobs,
+            batch.advantages.to(device),
+            clip_low=config.clip_low,
+            clip_high=config.clip_high,
+            rollout_logprobs=rollout,
+            tis_cap=config.tis_cap,
+            ref_logprobs=ref,
+            kl_coef=config.kl_coef,
+        )
+        weights = aggregation_weights(
+            mask, config.loss_agg, totals.num_generated_tokens, totals.num_trajectories
+        )
+        loss = (weights * terms.total).sum()
+        (loss * ctx.world_size).backward()
+        with torch.no_grad():
+            abs_diff = (old_logprobs - rollout).abs() * mask  # before any update of this TrainStep
+            sums += torch.stack(
+                [
+                    loss.detach(),
+                    (weights * terms.policy_gradient).sum(),
+                    (weights * terms.kl).sum() if terms.kl is not None else loss.new_zeros(()),
+                    (terms.clipped.float() * mask).sum(),
+                    (entropy * mask).sum(),
+                    abs_diff.sum(),
+                    mask.sum(),
+                    (terms.is_weight * mask).sum() if terms.is_weight is not None else mask.sum(),
+                ]
+            ).double()
+            max_abs_diff = torch.maximum(max_abs_diff, abs_diff.max().double())
+    return sums, max_abs_diff
+
+
+def _optimizer_step(
+    model: Any, optimizer: torch.optim.Optimizer, config: LearnerRunConfig, step: int, loss: float
+) -> tuple[float, bool]:
+    """Clips, then steps unless the loss or the gradient is not finite; returns (grad norm, skipped)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad_norm_t = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm, foreach=False)
+    if hasattr(grad_norm_t, "full_tensor"):  # a DTensor under FSDP2: the same value on every rank
+        grad_norm_t = grad_norm_t.full_tensor()
+    grad_norm = float(grad_norm_t)
+    skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
+    if not skipped:
+        set_learning_rate(optimizer, learning_rate_at(step, config))
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm, skipped
+
+
 def train_step(
     model: Any,
     optimizer: torch.optim.Optimizer,
-    items: Sequence[PreparedTrajectory],
-    totals: BatchTotals,
+    minibatches: Sequence[MiniBatch],
     config: LearnerRunConfig,
     step: int,
     spec: ModelSpec,
     ctx: DistContext,
 ) -> StepOutcome:
-    """One optimiser step on this rank's shard `items` (every rank has the same number of items;
-    padding copies have weight 0). Collective: every rank must call it."""
-    device = ctx.device
-    sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=device)
-    max_abs_diff = torch.zeros((), dtype=torch.float64, device=device)
-    chunks = micro_batches(items, config.micro_batch_size)
+    """One optimiser step per mini-batch, starting at optimiser step `step`. Every rank holds the
+    same number of items per mini-batch (padding copies have weight 0). Collective."""
+    chunked = [_batches(minibatch, config, spec) for minibatch in minibatches]
+    old = [_old_logprobs(model, batches, ctx.device) for batches in chunked] if len(chunked) > 1 else None
+    totals = torch.zeros(len(_SUMS), dtype=torch.float64)
+    max_abs_diff = 0.0
+    losses, pg_losses, kls, grad_norms, num_skipped = [], [], [], [], 0
     set_lora_dropout(model, True)
     try:
-        for index, chunk in enumerate(chunks):
-            batch = collate(chunk, spec.pad_token_id, spec.image_token_id)
-            mask = (batch.loss_mask * batch.weights[:, None]).to(device)
-            ref = reference_logprobs(model, batch, device) if config.kl_coef > 0 else None
-            if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter once, at the end
-                model.set_requires_gradient_sync(index == len(chunks) - 1)
-            logprobs, entropy = token_logprobs(model, batch, device)
-            assert entropy is not None
-            rollout = batch.rollout_logprobs.to(device)
-            terms = policy_loss(
-                logprobs,
-                logprobs.detach(),
-                batch.advantages.to(device),
-                clip_low=config.clip_low,
-                clip_high=config.clip_high,
-                rollout_logprobs=rollout,
-                tis_cap=config.tis_cap,
-                ref_logprobs=ref,
-                kl_coef=config.kl_coef,
+        for index, (minibatch, batches) in enumerate(zip(minibatches, chunked, strict=True)):
+            sums, max_diff = _accumulate_gradients(
+                model, batches, minibatch.totals, old[index] if old else None, config, ctx
             )
-            weights = aggregation_weights(
-                mask, config.loss_agg, totals.num_generated_tokens, totals.num_trajectories
-            )
-            loss = (weights * terms.total).sum()
-            (loss * ctx.world_size).backward()
-            with torch.no_grad():
-                abs_diff = (logprobs.detach() - rollout).abs() * mask
-                sums += torch.stack(
-                    [
-                        loss.detach(),
-                        (weights * terms.policy_gradient).sum(),
-                        (weights * terms.kl).sum() if terms.kl is not None else loss.new_zeros(()),
-                        (terms.clipped.float() * mask).sum(),
-                        (entropy * mask).sum(),
-                        abs_diff.sum(),
-                        mask.sum(),
-                        (terms.is_weight * mask).sum() if terms.is_weight is not None else mask.sum(),
-                    ]
-                ).double()
-                if abs_diff.numel():
-                    max_abs_diff = torch.maximum(max_abs_diff, abs_diff.max().double())
+            all_reduce(sums)
+            all_reduce(max_diff, op="max")
+            sums_cpu = sums.cpu()
+            grad_norm, skipped = _optimizer_step(model, optimizer, config, step + index, float(sums_cpu[0]))
+            totals += sums_cpu
+            max_abs_diff = max(max_abs_diff, float(max_diff))
+            losses.append(float(sums_cpu[0]))
+            pg_losses.append(float(sums_cpu[1]))
+            kls.append(float(sums_cpu[2]))
+            grad_norms.append(grad_norm)
+            num_skipped += skipped
     finally:
         set_lora_dropout(model, False)
-    all_reduce(sums)
-    all_reduce(max_abs_diff, op="max")
-    total = dict(zip(_SUMS, sums.tolist(), strict=True))
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    grad_norm_t = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm, foreach=False)
-    if hasattr(grad_norm_t, "full_tensor"):
-        grad_norm_t = grad_norm_t.full_tensor()
-    grad_norm = float(grad_norm_t)
-    lr = learning_rate_at(step, config)
-    skipped = not (math.isfinite(total["loss"]) and math.isfinite(grad_norm))
-    if not skipped:
-        set_learning_rate(optimizer, lr)
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
+    total = dict(zip(_SUMS, totals.tolist(), strict=True))
     generated = max(total["generated"], 1.0)
     metrics = {
-        "train/loss": total["loss"],
-        "train/pg_loss": total["pg_loss"],
+        "train/loss": statistics.fmean(losses),
+        "train/pg_loss": statistics.fmean(pg_losses),
         "train/clip_fraction": total["clipped"] / generated,
         "train/entropy": total["entropy"] / generated,
-        "train/grad_norm": grad_norm,
-        "train/learning_rate": lr,
+        "train/grad_norm": statistics.fmean(grad_norms),
+        "train/learning_rate": learning_rate_at(step + len(minibatches) - 1, config),
         "train/logprob_abs_diff_vs_rollout": total["abs_diff"] / generated,
-        "train/logprob_abs_diff_vs_rollout_max": float(max_abs_diff),
-        "train/num_trajectories": float(totals.num_trajectories),
-        "train/num_tokens": float(totals.num_tokens),
-        "train/num_generated_tokens": float(totals.num_generated_tokens),
-        "train/skipped": float(skipped),
+        "train/logprob_abs_diff_vs_rollout_max": max_abs_diff,
+        "train/num_trajectories": float(sum(m.totals.num_trajectories for m in minibatches)),
+        "train/num_tokens": float(sum(m.totals.num_tokens for m in minibatches)),
+        "train/num_generated_tokens": float(sum(m.totals.num_generated_tokens for m in minibatches)),
+        "train/optimizer_steps": float(len(minibatches)),
+        "train/skipped": float(num_skipped > 0),
+        "train/skipped_steps": float(num_skipped),
     }
     if config.kl_coef > 0:
-        metrics["train/kl"] = total["kl"]
+        metrics["train/kl"] = statistics.fmean(kls)
     if config.tis_cap is not None:
         metrics["train/tis_weight_mean"] = total["is_weight"] / generated
-    return StepOutcome(metrics=metrics, skipped=skipped)
+    return StepOutcome(metrics=metrics, skipped=num_skipped > 0, num_steps=len(minibatches))

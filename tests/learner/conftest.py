@@ -40,8 +40,9 @@ def make_driver(tiny_model_dir: Path, tmp_path: Path) -> Callable[..., Any]:
     from services.learner.engine import LearnerEngine
 
     def make(shared_root: Path | None = None) -> LearnerDriver:
-        settings = LearnerSettings(model=tiny_model_dir, shared_root=shared_root or tmp_path / "shared",
-                                   num_threads=1)  # the CPU is shared: no oversubscription
+        settings = LearnerSettings(
+            model=tiny_model_dir, shared_root=shared_root or tmp_path / "shared", num_threads=1
+        )  # the CPU is shared: no oversubscription
         return LearnerDriver(LearnerEngine(settings, init_distributed("cpu")))
 
     return make
@@ -58,4 +59,6 @@ def adapter_weights(driver: Any) -> dict[str, Any]:
 def base_weights(driver: Any) -> dict[str, Any]:
     """The driver's frozen base weights (cloned)."""
     assert driver.engine.run is not None
-    return {n: p.detach().clone() for n, p in driver.engine.run.model.named_parameters() if not p.requires_grad}
+    return {
+        n: p.detach().clone() for n, p in driver.engine.run.model.named_parameters() if not p.requires_grad
+    }

@@ -57,18 +57,30 @@ BAD_INPUTS: dict[str, tuple[Callable[[Trajectory], Trajectory], str]] = {
     "logprobs shorter than token_ids": (_shorter("logprobs"), "logprobs has"),
     "advantages shorter than token_ids": (_shorter("advantages"), "advantages has"),
     "loss_mask shorter than token_ids": (_shorter("loss_mask"), "loss_mask has"),
-    "token id outside the vocabulary": (lambda t: _replace(t, token_ids=(*t.token_ids[:-1], 10**6)),
-                                        "outside the vocabulary"),
+    "token id outside the vocabulary": (
+        lambda t: _replace(t, token_ids=(*t.token_ids[:-1], 10**6)),
+        "outside the vocabulary",
+    ),
     "negative token id": (lambda t: _replace(t, token_ids=(-1, *t.token_ids[1:])), "outside the vocabulary"),
-    "image that does not decode": (lambda t: _replace(t, images=(b"not a png", *t.images[1:])),
-                                   "image 0 does not decode"),
-    "truncated PNG": (lambda t: _replace(t, images=(t.images[0][:40], *t.images[1:])), "image 0 does not decode"),
+    "image that does not decode": (
+        lambda t: _replace(t, images=(b"not a png", *t.images[1:])),
+        "image 0 does not decode",
+    ),
+    "truncated PNG": (
+        lambda t: _replace(t, images=(t.images[0][:40], *t.images[1:])),
+        "image 0 does not decode",
+    ),
     "one image too few": (lambda t: _replace(t, images=t.images[:-1]), "placeholder runs but"),
-    "image of another size than its placeholder run": (_frame_of_another_size, "placeholder run of 25 tokens"),
+    "image of another size than its placeholder run": (
+        _frame_of_another_size,
+        "placeholder run of 25 tokens",
+    ),
     "generated first token": (lambda t: _replace(t, loss_mask=(1, *t.loss_mask[1:])), "first token"),
     "nothing generated": (lambda t: _replace(t, loss_mask=(0,) * len(t.loss_mask)), "no generated tokens"),
-    "non-finite advantage": (lambda t: _replace(t, advantages=tuple(float("nan") if m else 0.0
-                                                                    for m in t.loss_mask)), "not finite"),
+    "non-finite advantage": (
+        lambda t: _replace(t, advantages=tuple(float("nan") if m else 0.0 for m in t.loss_mask)),
+        "not finite",
+    ),
     "mask value 2": (lambda t: _replace(t, loss_mask=tuple(2 if m else 0 for m in t.loss_mask)), "0 or 1"),
 }
 
@@ -95,10 +107,13 @@ def test_collate_right_pads_and_gathers_only_generated_positions(
     trajectories: list[Trajectory], spec: ModelSpec, frames: FrameProcessor
 ) -> None:
     prepared = prepare_batch(trajectories[:3], spec, frames)
-    short = dataclasses.replace(prepared[1], input_ids=prepared[1].input_ids[:-2],
-                                loss_mask=prepared[1].loss_mask[:-2],
-                                rollout_logprobs=prepared[1].rollout_logprobs[:-2],
-                                advantages=prepared[1].advantages[:-2])
+    short = dataclasses.replace(
+        prepared[1],
+        input_ids=prepared[1].input_ids[:-2],
+        loss_mask=prepared[1].loss_mask[:-2],
+        rollout_logprobs=prepared[1].rollout_logprobs[:-2],
+        advantages=prepared[1].advantages[:-2],
+    )
     batch = collate([prepared[0], short], spec.pad_token_id, spec.image_token_id)
     width = prepared[0].num_tokens
     assert batch.input_ids.shape == (2, width)

@@ -22,16 +22,43 @@ from services.learner.publish import ADAPTER_WEIGHTS, peft_key
 from tests.learner.conftest import adapter_weights
 
 # A large Adam epsilon keeps updates proportional to the gradients (see test_trainer).
-CONFIG = {"learning_rate": 0.01, "micro_batch_size": 2, "adam_eps": 1e-3, "weight_decay": 0.01}
-COMPARED = ("train/loss", "train/pg_loss", "train/grad_norm", "train/entropy", "train/logprob_abs_diff_vs_rollout",
-            "train/num_tokens", "train/num_generated_tokens")
+# Two mini-batches per TrainStep (2 + 3 trajectories) exercise sharding, padding and off-policy steps.
+CONFIG = {
+    "learning_rate": 0.01,
+    "micro_batch_size": 2,
+    "adam_eps": 1e-3,
+    "weight_decay": 0.01,
+    "num_minibatches": 2,
+}
+COMPARED = (
+    "train/loss",
+    "train/pg_loss",
+    "train/grad_norm",
+    "train/clip_fraction",
+    "train/entropy",
+    "train/logprob_abs_diff_vs_rollout",
+    "train/num_tokens",
+    "train/num_generated_tokens",
+)
 
 
 def test_the_torchrun_command_passes_the_worker_flags_through_unchanged(tmp_path: Path) -> None:
     from torch.distributed.run import get_args_parser
 
     args = parser(LearnerSettings()).parse_args(
-        ["--nproc", "2", "--model", "m", "--port", "0", "--port-file", str(tmp_path / "p"), "--num-threads", "1"])
+        [
+            "--nproc",
+            "2",
+            "--model",
+            "m",
+            "--port",
+            "0",
+            "--port-file",
+            str(tmp_path / "p"),
+            "--num-threads",
+            "1",
+        ]
+    )
     command = torchrun_command(args)
     parsed = get_args_parser().parse_args(command[3:])
     assert (parsed.nproc_per_node, parsed.standalone, parsed.module) == ("2", True, True)
@@ -39,9 +66,15 @@ def test_the_torchrun_command_passes_the_worker_flags_through_unchanged(tmp_path
     assert "--model=m" in parsed.training_script_args and "--port=0" in parsed.training_script_args
     assert not any(a.startswith(("--nproc", "--nnodes")) for a in parsed.training_script_args)
     multi = parser(LearnerSettings()).parse_args(
-        ["--nproc", "8", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "head:29500"])
+        ["--nproc", "8", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "head:29500"]
+    )
     parsed = get_args_parser().parse_args(torchrun_command(multi)[3:])
-    assert (parsed.nnodes, parsed.node_rank, parsed.master_addr, parsed.master_port) == ("2", 1, "head", 29500)
+    assert (parsed.nnodes, parsed.node_rank, parsed.master_addr, parsed.master_port) == (
+        "2",
+        1,
+        "head",
+        29500,
+    )
 
 
 @pytest.mark.slow
@@ -54,7 +87,9 @@ async def test_two_fsdp_ranks_give_the_steps_of_one_rank_and_their_checkpoint_re
     try:
         async with channel(f"127.0.0.1:{port}") as ch:
             stub = learner_pb2_grpc.LearnerServiceStub(ch)
-            await stub.ConfigureRun(learner_pb2.ConfigureRunRequest(run_id="run", config_json=json.dumps(CONFIG)))
+            await stub.ConfigureRun(
+                learner_pb2.ConfigureRunRequest(run_id="run", config_json=json.dumps(CONFIG))
+            )
             request = learner_pb2.TrainStepRequest(run_id="run", trajectories=[t.to_proto() for t in batch])
             two_rank = [dict((await stub.TrainStep(request)).metrics) for _ in range(2)]
             checkpoint = await stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(run_id="run"))
@@ -79,7 +114,7 @@ async def test_two_fsdp_ranks_give_the_steps_of_one_rank_and_their_checkpoint_re
     expected = one.train_step("run", batch).metrics
     resumed = make_driver(two_root)
     state = resumed.configure("run", json.dumps(CONFIG))
-    assert (state.step, state.restored_from, state.adapter_version) == (2, checkpoint.path, 1)
+    assert (state.step, state.restored_from, state.adapter_version) == (4, checkpoint.path, 1)
     got = resumed.train_step("run", batch).metrics
     for key in COMPARED:
         assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key

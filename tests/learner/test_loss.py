@@ -107,8 +107,17 @@ def test_policy_loss_adds_weighted_surrogate_and_kl() -> None:
     rollout = torch.log(_t(0.5, 0.5))
     ref = torch.log(_t(0.25, 0.25))
     advantages = _t(1.0, -2.0)
-    terms = policy_loss(logprobs, old, advantages, clip_low=0.2, clip_high=0.28, rollout_logprobs=rollout,
-                        tis_cap=1.0, ref_logprobs=ref, kl_coef=0.1)
+    terms = policy_loss(
+        logprobs,
+        old,
+        advantages,
+        clip_low=0.2,
+        clip_high=0.28,
+        rollout_logprobs=rollout,
+        tis_cap=1.0,
+        ref_logprobs=ref,
+        kl_coef=0.1,
+    )
     # ratios 1.25, 1.0 -> surrogate -1.25, 2.0; IS weights min(0.4/0.5, 1) = 0.8, min(0.25/0.5, 1) = 0.5
     assert terms.is_weight is not None and terms.is_weight.tolist()[0] == pytest.approx([0.8, 0.5])
     assert terms.policy_gradient.tolist()[0] == pytest.approx([-1.0, 1.0])
@@ -125,8 +134,9 @@ def test_policy_loss_needs_rollout_logprobs_for_truncated_importance_sampling() 
 def test_learning_rate_warms_up_linearly_then_holds_or_follows_a_cosine() -> None:
     constant = LearnerRunConfig(learning_rate=1.0, warmup_steps=3)
     assert [learning_rate_at(s, constant) for s in range(5)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0])
-    cosine = LearnerRunConfig(learning_rate=1.0, warmup_steps=1, lr_schedule="cosine", total_steps=5,
-                              min_lr_ratio=0.1)
+    cosine = LearnerRunConfig(
+        learning_rate=1.0, warmup_steps=1, lr_schedule="cosine", total_steps=5, min_lr_ratio=0.1
+    )
     rates = [learning_rate_at(s, cosine) for s in range(7)]
     assert rates[0] == pytest.approx(0.5)
     assert rates[1] == pytest.approx(1.0)

@@ -37,8 +37,11 @@ def test_a_published_adapter_loads_in_peft_and_gives_the_learners_logprobs(
     driver = _trained(make_driver, trajectories)
     published = driver.publish("run")
     engine = driver.engine
-    batch = collate(prepare_batch(trajectories, engine.spec, engine.frames), engine.spec.pad_token_id,
-                    engine.spec.image_token_id)
+    batch = collate(
+        prepare_batch(trajectories, engine.spec, engine.frames),
+        engine.spec.pad_token_id,
+        engine.spec.image_token_id,
+    )
     with torch.no_grad():
         learner, _ = token_logprobs(engine.run.model, batch, "cpu")
         loaded = PeftModel.from_pretrained(load_base_model(tiny_model_dir), published.path)
@@ -57,8 +60,11 @@ def test_a_published_adapter_holds_only_language_model_lora_weights_in_peft_form
     path = driver.publish("run").path
     tensors = load_file(str(path / publish.ADAPTER_WEIGHTS))
     layers = {".".join(k.split(".")[-4:-2]) for k in tensors}
-    assert layers == {f"{kind}.{proj}" for kind, projs in (("self_attn", "qkvo"), ("mlp", ("gate", "up", "down")))
-                      for proj in (f"{p}_proj" for p in projs)}
+    assert layers == {
+        f"{kind}.{proj}"
+        for kind, projs in (("self_attn", "qkvo"), ("mlp", ("gate", "up", "down")))
+        for proj in (f"{p}_proj" for p in projs)
+    }
     assert all(k.startswith("base_model.model.model.language_model.layers.") for k in tensors)
     assert all(k.endswith((".lora_A.weight", ".lora_B.weight")) for k in tensors)
     config = json.loads((path / publish.ADAPTER_CONFIG).read_text())

@@ -27,12 +27,21 @@ TOLERANCE = 1e-4
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def rollout(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Any, Path]]:
+async def rollout(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[Any, Path]]:
     shared = tmp_path_factory.mktemp("shared")
-    config = rollout_config.RolloutConfig(model=str(tiny_model_dir), max_model_len=2048, limit_images_per_prompt=4,
-                                          max_num_seqs=16, adapter_retention=2, max_loras=2)
-    server = await rollout_service.RolloutServer.start(config, "127.0.0.1:0", shared_root=shared,
-                                                       cache_dir=tmp_path_factory.mktemp("adapter-cache"))
+    config = rollout_config.RolloutConfig(
+        model=str(tiny_model_dir),
+        max_model_len=2048,
+        limit_images_per_prompt=4,
+        max_num_seqs=16,
+        adapter_retention=2,
+        max_loras=2,
+    )
+    server = await rollout_service.RolloutServer.start(
+        config, "127.0.0.1:0", shared_root=shared, cache_dir=tmp_path_factory.mktemp("adapter-cache")
+    )
     await server.start_engine(rollout_vllm.VllmEngine.start)
     async with channel(f"127.0.0.1:{server.port}") as ch:
         yield rollout_pb2_grpc.RolloutServiceStub(ch), shared
@@ -40,7 +49,9 @@ async def rollout(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     await server.running.stop(grace_s=0)
 
 
-async def _play(stub: Any, tokenizer: Any, run_id: str, version: int, num_episodes: int, num_turns: int) -> list[Trajectory]:
+async def _play(
+    stub: Any, tokenizer: Any, run_id: str, version: int, num_episodes: int, num_turns: int
+) -> list[Trajectory]:
     """Multi-turn episodes through the rollout service, built the coordinator's way. A sample that
     contains a special token (a random model's babble, e.g. another <|image_pad|>) is drawn again."""
     chat = ChatTokens.from_tokenizer(tokenizer)
@@ -48,41 +59,63 @@ async def _play(stub: Any, tokenizer: Any, run_id: str, version: int, num_episod
     conversations = [TokenConversation(chat) for _ in range(num_episodes)]
     for turn in range(num_turns):
         for index, conversation in enumerate(conversations):
-            conversation.add_observation(tokenizer, f"Moves left: {num_turns - turn}.", [maze_frame(index, turn)])
+            conversation.add_observation(
+                tokenizer, f"Moves left: {num_turns - turn}.", [maze_frame(index, turn)]
+            )
         for index, conversation in enumerate(conversations):
             for attempt in range(20):
                 request = rollout_pb2.GenerationRequest(
                     prompt_token_ids=conversation.compact_ids,
                     images=[common_pb2.Image(data=f, mime_type="image/png") for f in conversation.images],
-                    sampling=rollout_pb2.SamplingParams(temperature=1.0, max_tokens=3, seed=1000 * index + attempt),
-                    adapter_run_id=run_id if version else "", adapter_version=version)
+                    sampling=rollout_pb2.SamplingParams(
+                        temperature=1.0, max_tokens=3, seed=1000 * index + attempt
+                    ),
+                    adapter_run_id=run_id if version else "",
+                    adapter_version=version,
+                )
                 result = (await stub.Generate(rollout_pb2.GenerateRequest(requests=[request]))).results[0]
                 assert result.adapter_version == version
                 completion = result.completions[0]
                 if not special & set(completion.token_ids):
                     break
-            conversation.add_generation(list(result.prompt_token_ids), list(completion.token_ids),
-                                        list(completion.logprobs))
-    return [Trajectory(trajectory_id=f"ep-{i}", token_ids=tuple(c.record_ids), loss_mask=tuple(c.loss_mask),
-                       logprobs=tuple(c.logprobs), advantages=tuple(c.loss_mask), images=tuple(c.images),
-                       turn_starts=tuple(c.turn_starts), adapter_version=version)
-            for i, c in enumerate(conversations)]
+            conversation.add_generation(
+                list(result.prompt_token_ids), list(completion.token_ids), list(completion.logprobs)
+            )
+    return [
+        Trajectory(
+            trajectory_id=f"ep-{i}",
+            token_ids=tuple(c.record_ids),
+            loss_mask=tuple(c.loss_mask),
+            logprobs=tuple(c.logprobs),
+            advantages=tuple(c.loss_mask),
+            images=tuple(c.images),
+            turn_starts=tuple(c.turn_starts),
+            adapter_version=version,
+        )
+        for i, c in enumerate(conversations)
+    ]
 
 
-async def test_the_rollout_service_loads_a_learner_adapter_and_samples_tokens_whose_logprobs_the_learner_matches(
+async def test_the_rollout_service_loads_a_learner_adapter_whose_samples_the_learner_scores_identically(
     rollout: tuple[Any, Path], tokenizer: Any, make_driver: Callable[..., Any]
 ) -> None:
     stub, shared = rollout
     driver = make_driver(shared)
     driver.configure("run", json.dumps({"learning_rate": 0.05, "micro_batch_size": 4}))
-    warm_up = play_episodes(fake_generator(ChatTokens.from_tokenizer(tokenizer), tokenizer, 25), tokenizer,
-                            num_groups=1, group_size=4, num_turns=2)
+    warm_up = play_episodes(
+        fake_generator(ChatTokens.from_tokenizer(tokenizer), tokenizer, 25),
+        tokenizer,
+        num_groups=1,
+        group_size=4,
+        num_turns=2,
+    )
     for _ in range(2):
         driver.train_step("run", with_advantages(warm_up, [1.0, -1.0, 0.5, -0.25]))
     published = driver.publish("run")
 
-    loaded = await stub.LoadAdapter(rollout_pb2.LoadAdapterRequest(run_id="run", version=published.version,
-                                                                   path=str(published.path)))
+    loaded = await stub.LoadAdapter(
+        rollout_pb2.LoadAdapterRequest(run_id="run", version=published.version, path=str(published.path))
+    )
     assert (loaded.version, loaded.manifest_sha256) == (1, published.manifest_sha256)
 
     base = await _play(stub, tokenizer, "run", 0, num_episodes=3, num_turns=2)
@@ -97,6 +130,9 @@ async def test_the_rollout_service_loads_a_learner_adapter_and_samples_tokens_wh
     assert on_base["train/logprob_abs_diff_vs_rollout_max"] <= TOLERANCE
     stale = driver.train_step("run", base).metrics  # base samples scored by the tuned learner
     assert stale["train/logprob_abs_diff_vs_rollout"] > 100 * TOLERANCE
-    print(f"\nrollout service vs learner max |dlogp|: adapter v1 {on_tuned['train/logprob_abs_diff_vs_rollout_max']:.2e}, "
-          f"base {on_base['train/logprob_abs_diff_vs_rollout_max']:.2e}; adapter effect "
-          f"{stale['train/logprob_abs_diff_vs_rollout']:.2e}")
+    print(
+        "\nrollout service vs learner max |dlogp|: "
+        f"adapter v1 {on_tuned['train/logprob_abs_diff_vs_rollout_max']:.2e}, "
+        f"base {on_base['train/logprob_abs_diff_vs_rollout_max']:.2e}; adapter effect "
+        f"{stale['train/logprob_abs_diff_vs_rollout']:.2e}"
+    )

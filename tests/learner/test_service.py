@@ -33,7 +33,9 @@ class Learner:
     async def start(self) -> Learner:
         servicer = self.servicer
         self.running = await start_server(
-            lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, s), SERVICE_NAME, "127.0.0.1:0"
+            lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, s),
+            SERVICE_NAME,
+            "127.0.0.1:0",
         )
         self.channel = channel(f"127.0.0.1:{self.running.port}")
         self.stub = learner_pb2_grpc.LearnerServiceStub(self.channel)
@@ -84,13 +86,17 @@ async def test_calls_before_configure_run_or_for_another_run_are_failed_precondi
         code, message = await _code(call)
         assert code == grpc.StatusCode.FAILED_PRECONDITION and "'run'" in message
     changed = json.dumps({"learning_rate": 0.5})
-    code, _ = await _code(learner.stub.ConfigureRun(learner_pb2.ConfigureRunRequest(run_id="run", config_json=changed)))
+    code, _ = await _code(
+        learner.stub.ConfigureRun(learner_pb2.ConfigureRunRequest(run_id="run", config_json=changed))
+    )
     assert code == grpc.StatusCode.FAILED_PRECONDITION
 
 
 async def test_bad_configs_and_run_ids_are_invalid_arguments(learner: Learner) -> None:
     for run_id, config in (("run", '{"lora_rank": 0}'), ("run", '{"nope": 1}'), ("run", "{"), ("../x", "{}")):
-        code, _ = await _code(learner.stub.ConfigureRun(learner_pb2.ConfigureRunRequest(run_id=run_id, config_json=config)))
+        code, _ = await _code(
+            learner.stub.ConfigureRun(learner_pb2.ConfigureRunRequest(run_id=run_id, config_json=config))
+        )
         assert code == grpc.StatusCode.INVALID_ARGUMENT, (run_id, config)
 
 
@@ -101,8 +107,11 @@ async def test_invalid_trajectories_are_invalid_arguments_naming_them_and_change
     ragged = dataclasses.replace(trajectories[1], advantages=trajectories[1].advantages[:5])
     bad_vocab = dataclasses.replace(trajectories[1], token_ids=(*trajectories[1].token_ids[:-1], 99_999))
     bad_image = dataclasses.replace(trajectories[1], images=(b"\x89PNG broken", *trajectories[1].images[1:]))
-    for bad, expected in ((ragged, "advantages has 5 entries"), (bad_vocab, "outside the vocabulary"),
-                          (bad_image, "image 0 does not decode")):
+    for bad, expected in (
+        (ragged, "advantages has 5 entries"),
+        (bad_vocab, "outside the vocabulary"),
+        (bad_image, "image 0 does not decode"),
+    ):
         code, message = await _code(learner.stub.TrainStep(_train("run", [trajectories[0], bad])))
         assert code == grpc.StatusCode.INVALID_ARGUMENT
         assert "trajectory #1" in message and "'ep-0001'" in message and expected in message
@@ -122,8 +131,16 @@ async def test_train_publish_checkpoint_and_a_restarted_learner_continues_the_ru
     assert again == state  # idempotent
     reply = await learner.stub.TrainStep(_train("run", trajectories[:3]))
     assert reply.step == 1 and not reply.skipped
-    for key in ("train/loss", "train/pg_loss", "train/clip_fraction", "train/entropy", "train/grad_norm",
-                "train/learning_rate", "train/tokens_per_s", "train/logprob_abs_diff_vs_rollout"):
+    for key in (
+        "train/loss",
+        "train/pg_loss",
+        "train/clip_fraction",
+        "train/entropy",
+        "train/grad_norm",
+        "train/learning_rate",
+        "train/tokens_per_s",
+        "train/logprob_abs_diff_vs_rollout",
+    ):
         assert key in reply.metrics, key
 
     published = await learner.stub.PublishAdapter(learner_pb2.PublishAdapterRequest(run_id="run"))
@@ -136,7 +153,12 @@ async def test_train_publish_checkpoint_and_a_restarted_learner_continues_the_ru
     saved = await learner.stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(run_id="run"))
     assert saved.step == 1 and Path(saved.path) == storage.checkpoint_dir(shared, "run", 1)
     assert set(storage.verify_manifest(Path(saved.path))["files"]) == {
-        "adapter_model.safetensors", "adapter_config.json", "optimizer.pt", "rng.pt", "trainer_state.json"}
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "optimizer.pt",
+        "rng.pt",
+        "trainer_state.json",
+    }
     await learner.stub.TrainStep(_train("run", trajectories[:3]))
     second = await learner.stub.PublishAdapter(learner_pb2.PublishAdapterRequest(run_id="run"))
     assert second.version == 2
@@ -146,20 +168,29 @@ async def test_train_publish_checkpoint_and_a_restarted_learner_continues_the_ru
     # Roll back explicitly, then check a bad path and a missing checkpoint.
     loaded = await learner.stub.LoadCheckpoint(learner_pb2.LoadCheckpointRequest(run_id="run"))
     assert (loaded.step, loaded.adapter_version, loaded.restored_from) == (1, 2, saved.path)
-    code, _ = await _code(learner.stub.LoadCheckpoint(learner_pb2.LoadCheckpointRequest(run_id="run", path="/etc")))
+    code, _ = await _code(
+        learner.stub.LoadCheckpoint(learner_pb2.LoadCheckpointRequest(run_id="run", path="/etc"))
+    )
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     missing = str(storage.checkpoint_dir(shared, "run", 77))
-    code, _ = await _code(learner.stub.LoadCheckpoint(learner_pb2.LoadCheckpointRequest(run_id="run", path=missing)))
+    code, _ = await _code(
+        learner.stub.LoadCheckpoint(learner_pb2.LoadCheckpointRequest(run_id="run", path=missing))
+    )
     assert code == grpc.StatusCode.NOT_FOUND
 
     # A new learner process on the same storage: resumes from the newest checkpoint and keeps
     # counting adapter versions.
     restarted = await Learner(make_driver, shared).start()
     try:
-        state = await restarted.stub.ConfigureRun(learner_pb2.ConfigureRunRequest(run_id="run", config_json=CONFIG))
+        state = await restarted.stub.ConfigureRun(
+            learner_pb2.ConfigureRunRequest(run_id="run", config_json=CONFIG)
+        )
         assert (state.step, state.adapter_version, state.restored_from) == (1, 2, saved.path)
         third = await restarted.stub.PublishAdapter(learner_pb2.PublishAdapterRequest(run_id="run"))
         assert third.version == 3
-        assert json.loads((storage.run_dir(shared, "run") / "learner_config.json").read_text())["learning_rate"] == 0.01
+        assert (
+            json.loads((storage.run_dir(shared, "run") / "learner_config.json").read_text())["learning_rate"]
+            == 0.01
+        )
     finally:
         await restarted.stop()

@@ -136,3 +136,24 @@ def test_checkpoint_then_restart_gives_the_same_next_step_as_an_uninterrupted_ru
         assert resumed[key] == expected[key], key
     resumed_adapter = adapter_weights(restarted)
     assert all(torch.equal(expected_adapter[n], resumed_adapter[n]) for n in expected_adapter)
+
+
+def test_several_minibatches_take_one_optimizer_step_each_and_clip_the_off_policy_ones(
+    make_driver: Callable[..., Any], trajectories: list[Trajectory]
+) -> None:
+    on_policy = _configure(make_driver, learning_rate=0.05)
+    single = on_policy.train_step("run", trajectories).metrics
+    assert single["train/clip_fraction"] == 0.0 and single["train/optimizer_steps"] == 1.0
+
+    driver = _configure(make_driver, learning_rate=0.05, num_minibatches=3, warmup_steps=5)
+    first = driver.train_step("run", trajectories)
+    assert first.step == 3 and first.metrics["train/optimizer_steps"] == 3.0
+    assert first.metrics["train/learning_rate"] == pytest.approx(0.05 * 3 / 6)  # the third warm-up step
+    # The first mini-batch is on-policy: the log-prob check is against the pre-step policy.
+    assert first.metrics["train/logprob_abs_diff_vs_rollout"] == pytest.approx(
+        single["train/logprob_abs_diff_vs_rollout"], rel=1e-5
+    )
+    second = driver.train_step("run", trajectories).metrics
+    # After the first mini-batch's update, the policy has moved: ratios leave [0.8, 1.28].
+    assert 0.0 < second["train/clip_fraction"] < 1.0
+    assert driver.state("run").step == 6
