@@ -15,6 +15,9 @@ least disturbed estimate; medians are reported too, as *_median_s):
   lora_slowdown    direct_s with a loaded LoRA adapter / direct_s without
   service_lora_slowdown   the same through the service
   tokens_per_s     generated tokens per second through the service
+  *_cpu_s          median CPU seconds of the whole process tree (engine processes included) per
+                   measurement, with overhead_ratio_cpu and lora_slowdown_cpu: the work done, which
+                   other programs' load disturbs far less than wall time
   adapter_load_ms  publish a version directory (write, manifest, fsync, rename) -> LoadAdapter returned
                    (usable); adapter_load_rpc_ms is the service's own part (copy, verify, vLLM load)
 Prints progress lines, then (with --json) one JSON object as the last line.
@@ -73,7 +76,34 @@ class Workload:
         ])
 
 
-async def _direct(llm: Any, workload: Workload, lora: Any) -> tuple[float, int]:
+def _tree_cpu_s() -> float:
+    """User + system CPU seconds of this process and its children (the engine core and its worker)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:  # a helper that just exited
+            continue
+        total += times.user + times.system
+    return total
+
+
+class Measured:
+    """Wall and CPU seconds of a block (CPU of the whole process tree: less disturbed by other load)."""
+
+    def __enter__(self) -> Measured:
+        self.cpu_s, self.wall_s = _tree_cpu_s(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall_s = time.perf_counter() - self.wall_s
+        self.cpu_s = _tree_cpu_s() - self.cpu_s
+
+
+async def _direct(llm: Any, workload: Workload, lora: Any) -> tuple[Measured, int]:
     """Seconds for the batch through AsyncLLM.generate (images decoded beforehand), generated tokens."""
     from PIL import Image
     from vllm import SamplingParams
@@ -90,18 +120,18 @@ async def _direct(llm: Any, workload: Workload, lora: Any) -> tuple[float, int]:
             final = output
         return len(final.outputs[0].token_ids)
 
-    start = time.perf_counter()
-    counts = await asyncio.gather(*(one(i, image) for i, image in enumerate(images)))
-    return time.perf_counter() - start, sum(counts)
+    with Measured() as measured:
+        counts = await asyncio.gather(*(one(i, image) for i, image in enumerate(images)))
+    return measured, sum(counts)
 
 
-async def _service(stub: rollout_pb2_grpc.RolloutServiceStub, workload: Workload, version: int) -> tuple[float, int]:
+async def _service(stub: rollout_pb2_grpc.RolloutServiceStub, workload: Workload,
+                   version: int) -> tuple[Measured, int]:
     request = workload.proto(workload.frames(), version)
-    start = time.perf_counter()
-    reply = await stub.Generate(request)
-    elapsed = time.perf_counter() - start
+    with Measured() as measured:
+        reply = await stub.Generate(request)
     assert all(r.adapter_version == version for r in reply.results)
-    return elapsed, sum(len(r.completions[0].token_ids) for r in reply.results)
+    return measured, sum(len(r.completions[0].token_ids) for r in reply.results)
 
 
 async def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
@@ -136,7 +166,8 @@ async def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
             tokenizer = llm.renderer.get_tokenizer()
             workload = Workload(ChatTokens.from_tokenizer(tokenizer).user_turn(tokenizer, PROMPT_TEXT, 1),
                                 args.num_prompts, args.max_tokens)
-            measurements: dict[str, list[float]] = {k: [] for k in ("direct", "service", "direct_lora", "service_lora")}
+            measurements: dict[str, list[Measured]] = {
+                k: [] for k in ("direct", "service", "direct_lora", "service_lora")}
             tokens: list[int] = []
             for round_index in range(args.repeats + 1):  # round 0 warms every path up
                 paths = {
@@ -149,10 +180,11 @@ async def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
                 results = {key: await paths[key]() for key in order}
                 if round_index == 0:
                     continue
-                for key, (seconds, _) in results.items():
-                    measurements[key].append(seconds)
+                for key, (measured, _) in results.items():
+                    measurements[key].append(measured)
                 tokens.append(results["service"][1])
-                _say(f"round {round_index}: " + ", ".join(f"{k} {results[k][0]:.3f} s" for k in paths))
+                _say(f"round {round_index}: " + ", ".join(
+                    f"{k} {results[k][0].wall_s:.3f} s ({results[k][0].cpu_s:.2f} cpu-s)" for k in paths))
             load_ms, rpc_ms = [], []
             for version in range(2, 2 + args.adapter_loads):
                 start = time.perf_counter()
@@ -164,8 +196,9 @@ async def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
         await server.close()
         await server.running.stop(grace_s=0)
 
-    best = {k: min(v) for k, v in measurements.items()}
-    median = {k: statistics.median(v) for k, v in measurements.items()}
+    best = {k: min(m.wall_s for m in v) for k, v in measurements.items()}
+    median = {k: statistics.median(m.wall_s for m in v) for k, v in measurements.items()}
+    cpu = {k: statistics.median(m.cpu_s for m in v) for k, v in measurements.items()}
     return {
         "direct_s": round(best["direct"], 4),
         "service_s": round(best["service"], 4),
@@ -178,6 +211,9 @@ async def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
         "service_lora_s": round(best["service_lora"], 4),
         "service_lora_slowdown": round(best["service_lora"] / best["service"], 3),
         **{f"{k}_median_s": round(v, 4) for k, v in median.items()},
+        **{f"{k}_cpu_s": round(v, 3) for k, v in cpu.items()},
+        "overhead_ratio_cpu": round(cpu["service"] / cpu["direct"], 3),
+        "lora_slowdown_cpu": round(cpu["direct_lora"] / cpu["direct"], 3),
         "lora_kernels": args.lora_kernels,
         "num_prompts": args.num_prompts,
         "max_tokens": args.max_tokens,
