@@ -31,6 +31,8 @@ def engine_args(config: RolloutConfig) -> Any:
     from vllm.platforms import current_platform
 
     on_cpu = current_platform.is_cpu()
+    if on_cpu and config.chunked_prefill:
+        log.warning("chunked_prefill on the CPU backend: a seeded request prefilled in chunks kills the engine")
     grouped_lora = config.enable_lora and config.lora_kernels == "grouped" and on_cpu
     return AsyncEngineArgs(
         model=config.model,

