@@ -76,10 +76,11 @@ class LoraSettings(_Strict):
     """LoRA on the language model's linear layers."""
 
     rank: int = Field(16, ge=1, le=256, description="LoRA rank r.")
-    alpha: float = Field(32.0, gt=0.0, description="LoRA alpha (scale = alpha / r).")
+    alpha: int = Field(32, ge=1, description="LoRA alpha (scale = alpha / r).")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
-    target_modules: str | list[str] | None = Field(
-        None, description="peft target_modules (regex or names); None = the learner's default."
+    target_modules: str | None = Field(
+        None, description="Regex (full match) of adapted module names; None = the learner's default "
+        "(the language model's attention and MLP projections)."
     )
 
 
@@ -91,6 +92,9 @@ class OptimSettings(_Strict):
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     micro_batch_size: int = Field(16, ge=1, description="Trajectories per forward/backward.")
+    num_minibatches: int = Field(
+        1, ge=1, le=1024, description="Optimiser steps per training step (1 = plain on-policy GRPO)."
+    )
 
 
 class EvalSettings(_Strict):
@@ -148,6 +152,7 @@ class RunConfig(_Strict):
             "weight_decay": self.optim.weight_decay,
             "max_grad_norm": self.optim.max_grad_norm,
             "micro_batch_size": self.optim.micro_batch_size,
+            "num_minibatches": self.optim.num_minibatches,
             "clip_low": self.grpo.clip_low,
             "clip_high": self.grpo.clip_high,
             "kl_coef": self.grpo.kl_coef,
