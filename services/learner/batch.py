@@ -124,14 +124,14 @@ def image_token_runs(token_ids: Sequence[int], image_token_id: int) -> list[tupl
 
 
 def decode_image(data: bytes) -> Image.Image:
-    """Decodes encoded frame bytes fully (ValueError if they are not an image). The image is
-    passed to the processor as decoded, as the rollout engine does; the processor converts it."""
+    """Decodes encoded frame bytes to an RGB image exactly as the rollout service does before its
+    engine sees them (PIL, `convert("RGB")`: alpha is dropped, not composited); ValueError if they
+    are not an image."""
     try:
-        image = Image.open(io.BytesIO(data))
-        image.load()
+        with Image.open(io.BytesIO(data)) as opened:
+            return opened.convert("RGB")
     except Exception as exc:  # PIL raises several unrelated types for corrupt data
         raise ValueError(f"does not decode ({type(exc).__name__}: {exc})") from exc
-    return image
 
 
 class FrameProcessor:

@@ -23,6 +23,7 @@ from services.learner.batch import prepare_batch, prepare_trajectory
 from services.learner.config import LearnerRunConfig
 from services.learner.distributed import broadcast_object, plan_shards, scatter_objects
 from services.learner.engine import LearnerEngine, LearnerState, existing_run_versions
+from services.learner.policy import lora_targets
 from services.learner.publish import PublishedAdapter, next_adapter_version
 from services.learner.trainer import BatchTotals, MiniBatch
 
@@ -83,6 +84,7 @@ class LearnerDriver:
         with the same config is a no-op; a different config for the configured run is refused."""
         storage.validate_run_id(run_id)
         config = LearnerRunConfig.from_json(config_json)
+        lora_targets(self.engine.linear_names, config.lora_target_modules)  # every rank would fail alike
         run = self.engine.run
         if run is not None and run.run_id == run_id:
             if run.config == config:

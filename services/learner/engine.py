@@ -33,6 +33,7 @@ from services.learner.policy import (
     add_lora,
     load_base_model,
     load_processor,
+    model_linear_names,
     trainable_parameters,
 )
 from services.learner.publish import PublishedAdapter, publish_adapter
@@ -78,6 +79,7 @@ class LearnerEngine:
             torch.set_num_threads(settings.num_threads)
         self.model_dir = Path(settings.model).resolve()
         self.frames = FrameProcessor(load_processor(self.model_dir).image_processor)
+        self.linear_names = model_linear_names(self.model_dir)
         self.spec = ModelSpec.from_config(AutoConfig.from_pretrained(self.model_dir))
         self.compute_dtype = resolve_dtype(settings.dtype, ctx.device)
         self.run: _Run | None = None
@@ -177,8 +179,10 @@ class LearnerEngine:
             ckpt.load_optimizer_state(run.model, run.optimizer, optim_state)
         else:  # saved before the first optimiser step: a fresh optimizer is the same state
             run.optimizer = build_optimizer((p for _, p in trainable_parameters(run.model)), run.config)
-        saved = json.loads((Path(directory) / ckpt.TRAINER_STATE).read_text())
-        run.step = int(saved["step"])
+        step = None
+        if self.ctx.is_main:
+            step = int(json.loads((Path(directory) / ckpt.TRAINER_STATE).read_text())["step"])
+        run.step = broadcast_object(step, self.ctx)
         run.restored_from = str(directory)
         per_rank = [rng_states[r] if r < len(rng_states) else None for r in range(self.ctx.world_size)]
         mine = scatter_objects(per_rank if self.ctx.is_main else None, self.ctx)

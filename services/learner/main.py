@@ -20,7 +20,11 @@ from services.learner.config import LearnerSettings
 
 
 def parser(settings: LearnerSettings) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mmrl serve learner", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="mmrl serve learner",
+        description="Serve the GRPO learner over gRPC (rank 0 serves; torchrun starts the ranks "
+        "when --nproc > 1).",
+    )
     parser.add_argument("--model", type=Path, default=settings.model, help="HF model directory")
     parser.add_argument("--shared-root", type=Path, default=settings.shared_root, help="shared storage root")
     parser.add_argument("--host", default=settings.host, help=f"address rank 0 listens on ({settings.host})")

@@ -7,6 +7,7 @@ of the weights): `reference_logprobs`.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -36,20 +37,47 @@ def load_processor(model_dir: Path) -> Any:
     return AutoProcessor.from_pretrained(model_dir)
 
 
+def linear_module_names(model: Any) -> list[str]:
+    return [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+
+
+def model_linear_names(model_dir: Path) -> list[str]:
+    """Names of the model's linear layers, from its config alone (built on the meta device)."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(model_dir))
+    return linear_module_names(model)
+
+
+VISION_MARKERS = ("visual", "vision")
+
+
+def lora_targets(linear_names: list[str], pattern: str) -> list[str]:
+    """The linear layers `pattern` (a full-match regex) selects; ValueError when it is not a regex,
+    selects nothing, or selects a vision-tower layer (vLLM adapts the language model only)."""
+    try:
+        regex = re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"lora_target_modules {pattern!r} is not a regular expression: {exc}") from exc
+    matched = [name for name in linear_names if regex.fullmatch(name)]
+    if not matched:
+        raise ValueError(f"lora_target_modules {pattern!r} matches no linear layer")
+    vision = [name for name in matched if any(marker in name for marker in VISION_MARKERS)]
+    if vision:
+        raise ValueError(f"lora_target_modules {pattern!r} selects vision-tower layers, e.g. {vision[0]!r}")
+    return matched
+
+
 def add_lora(model: Any, config: LearnerRunConfig) -> Any:
     """Wraps `model` in a peft LoRA model on the modules matching `config.lora_target_modules`.
 
     The initialisation is seeded with `config.seed` (B = 0, so the adapter starts as the identity
-    and every rank builds the same weights). Raises ValueError when no module matches.
+    and every rank builds the same weights). Raises ValueError for targets `lora_targets` refuses.
     """
-    import re
-
     from peft import LoraConfig, get_peft_model
 
-    pattern = re.compile(config.lora_target_modules)
-    matched = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and pattern.fullmatch(n)]
-    if not matched:
-        raise ValueError(f"lora_target_modules {config.lora_target_modules!r} matches no linear layer")
+    lora_targets(linear_module_names(model), config.lora_target_modules)
     lora = LoraConfig(
         r=config.lora_rank,
         lora_alpha=config.lora_alpha,

@@ -93,11 +93,23 @@ async def test_calls_before_configure_run_or_for_another_run_are_failed_precondi
 
 
 async def test_bad_configs_and_run_ids_are_invalid_arguments(learner: Learner) -> None:
-    for run_id, config in (("run", '{"lora_rank": 0}'), ("run", '{"nope": 1}'), ("run", "{"), ("../x", "{}")):
-        code, _ = await _code(
+    cases = {
+        ("run", '{"lora_rank": 0}'): "lora_rank",
+        ("run", '{"nope": 1}'): "nope",
+        ("run", "{"): "json",
+        ("../x", "{}"): "run_id",
+        ("run", '{"lora_target_modules": "("}'): "not a regular expression",
+        ("run", '{"lora_target_modules": "nothing"}'): "matches no linear layer",
+        ("run", '{"lora_target_modules": ".*visual.*"}'): "vision-tower",
+    }
+    for (run_id, config), expected in cases.items():
+        code, message = await _code(
             learner.stub.ConfigureRun(learner_pb2.ConfigureRunRequest(run_id=run_id, config_json=config))
         )
         assert code == grpc.StatusCode.INVALID_ARGUMENT, (run_id, config)
+        assert expected in message.lower(), (expected, message)
+    # Still usable afterwards.
+    await learner.stub.ConfigureRun(learner_pb2.ConfigureRunRequest(run_id="run", config_json="{}"))
 
 
 async def test_invalid_trajectories_are_invalid_arguments_naming_them_and_change_no_state(
