@@ -37,6 +37,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--model", type=Path, default=Path(".mmrl/models/tiny"),
                         help="base model (the tiny model is built there if missing)")
     parser.add_argument("--sft-config", type=Path, default=Path("configs/sft-tiny.yaml"))
+    parser.add_argument("--sft-model", type=Path, help="start GRPO from this model directory instead of running SFT")
     parser.add_argument("--config", type=Path, default=Path("configs/maze-tiny-cpu.yaml"), help="GRPO run config")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run config key")
     parser.add_argument("--steps", type=int, help="GRPO steps (overrides the run config)")
@@ -46,7 +47,10 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     base = ensure_tiny_model(args.model) if args.model == Path(".mmrl/models/tiny") else args.model
-    sft_model, sft_wall_s, sft_report = sft_checkpoint(args, base)
+    if args.sft_model:
+        sft_model, sft_wall_s, sft_report = args.sft_model, 0.0, {}
+    else:
+        sft_model, sft_wall_s, sft_report = sft_checkpoint(args, base)
     overrides = parse_overrides(args.set)
     overrides["model"] = str(sft_model.resolve())
     if args.steps:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +83,7 @@ class Stack:
 
     def start(self, services: tuple[str, ...] = SERVICES, log: bool = True) -> None:
         """Starts Redis (if needed) and `services`, in parallel, and waits until all are healthy."""
+        _sigterm_raises_keyboard_interrupt()
         logs = self.config.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.config.shared_root.mkdir(parents=True, exist_ok=True)
@@ -165,3 +168,9 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _sigterm_raises_keyboard_interrupt() -> None:
+    """SIGTERM unwinds like Ctrl-C, so `finally: stack.stop()` stops the child processes too."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.default_int_handler)

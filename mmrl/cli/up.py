@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import time
 from pathlib import Path
 
@@ -36,7 +35,6 @@ def main(argv: list[str]) -> int:
     config = StackConfig(model=args.model.resolve(), state_dir=args.state_dir, redis_url=args.redis_url,
                          ports={"coordinator": args.port}, learner_nproc=args.learner_nproc)
     stack = Stack(config)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         stack.start()
         print(f"\nMMRL is up. REST API: {stack.api_url}  (OpenAPI: {stack.api_url}/docs)")

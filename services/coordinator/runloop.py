@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -190,7 +191,9 @@ async def execute_run(ctx: RunContext) -> RunState:
             "adapter/sampled_with": sampled_with,
             "adapter/published": adapter_version,
             "train/skipped": bool(train.skipped),
-            **{k if "/" in k else f"train/{k}": v for k, v in train.metrics.items()},
+            # Non-finite values (a skipped step's loss or grad norm) become null: JSON has no NaN.
+            **{k if "/" in k else f"train/{k}": (v if math.isfinite(v) else None)
+               for k, v in train.metrics.items()},
         }
         records = {e.episode_id: episode_record(e, step=step, kind="train") for e in flat}
         timers.seconds["step"] = time.perf_counter() - step_started
