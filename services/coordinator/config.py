@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.common.config_files import read_config_file
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT
 
 
@@ -167,7 +167,7 @@ class RunConfig(_Strict):
 
 def load_run_config(path: Path, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Reads a YAML run config; `overrides` maps dotted keys ("grpo.group_size") to values."""
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = read_config_file(Path(path))
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")

@@ -8,14 +8,13 @@
 from __future__ import annotations
 
 import math
-import tomllib
 from pathlib import Path
 from typing import Self
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.common.config_files import read_config_file
 from services.env.maze import MIN_SIZE
 
 
@@ -89,6 +88,4 @@ def load_config(path: Path | None) -> EnvConfig:
     """EnvConfig from a YAML (.yaml/.yml) or TOML (.toml) file; defaults when `path` is None."""
     if path is None:
         return EnvConfig()
-    text = path.read_text()
-    data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
-    return EnvConfig.model_validate(data or {})
+    return EnvConfig.model_validate(read_config_file(path))

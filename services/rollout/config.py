@@ -7,13 +7,13 @@ variables prefixed `MMRL_ROLLOUT_` (e.g. MMRL_ROLLOUT_PORT=50052) and `MMRL_SHAR
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any, Literal, Self
 
-import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.common.config_files import read_config_file
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
@@ -112,9 +112,6 @@ class ServerSettings(BaseSettings):
 
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> RolloutConfig:
     """RolloutConfig from a YAML (.yaml/.yml) or TOML (.toml) file, then `overrides` (None values skipped)."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        text = path.read_text()
-        data = (tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)) or {}
+    data: dict[str, Any] = read_config_file(path) if path is not None else {}
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     return RolloutConfig.model_validate(data)
