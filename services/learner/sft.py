@@ -28,7 +28,7 @@ from typing import Any
 import grpc
 import torch
 from google.protobuf.json_format import MessageToDict
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mmrl.v1 import env_pb2, env_pb2_grpc
 from services.common.conversation import (
@@ -43,6 +43,7 @@ from services.learner.policy import load_base_model, load_processor, token_logpr
 
 log = logging.getLogger("mmrl.learner.sft")
 ACTIONS = ("up", "down", "left", "right")
+TRAIN_SEED_LIMIT = 1_000_000  # env seeds at or above this are reserved for eval sets
 
 
 class SftConfig(BaseModel):
@@ -69,6 +70,13 @@ class SftConfig(BaseModel):
     save_at: list[int] = Field(
         default_factory=list, description="Also save intermediate checkpoints at these updates (<out>-u<N>)."
     )
+
+    @model_validator(mode="after")
+    def _training_seeds_only(self) -> SftConfig:
+        if self.first_seed + self.num_mazes > TRAIN_SEED_LIMIT:
+            raise ValueError(f"seeds {self.first_seed}..{self.first_seed + self.num_mazes - 1} reach the eval "
+                             f"seed range (>= {TRAIN_SEED_LIMIT:,}); SFT trains on training seeds only")
+        return self
 
     def fingerprint(self) -> str:
         """Identifies the checkpoint this config produces (used to reuse a cached SFT)."""

@@ -73,6 +73,9 @@ class ModelInfo:
     image_token_id: int | None
     sleep_supported: bool
     lora_supported: bool
+    # Multimodal placeholder tokens (image/video pads, vision start/end). They are never sampled: a
+    # generated placeholder would make the next turn's prompt claim an image that is not there.
+    placeholder_token_ids: tuple[int, ...] = ()
 
 
 class Engine(Protocol):

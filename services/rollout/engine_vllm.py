@@ -68,6 +68,7 @@ class VllmEngine:
             max_model_len=int(llm.model_config.max_model_len),
             vocab_size=int(llm.model_config.get_vocab_size()),
             image_token_id=getattr(llm.model_config.hf_config, "image_token_id", None),
+            placeholder_token_ids=_placeholder_token_ids(llm.model_config.hf_config),
             sleep_supported=bool(current_platform.is_sleep_mode_available()),
             lora_supported=config.enable_lora,
         )
@@ -109,7 +110,7 @@ class VllmEngine:
         params = []
         for index, request in enumerate(requests):
             try:
-                params.append(_sampling_params(request.sampling))
+                params.append(_sampling_params(request.sampling, self._info.placeholder_token_ids))
             except ValueError as exc:
                 raise InvalidArgument(f"requests[{index}].sampling: {exc}") from exc
         call_id = uuid.uuid4().hex[:12]
@@ -201,13 +202,22 @@ _NO_SLEEP = ("sleep mode needs a GPU: vLLM's sleep mode offloads weights and fre
              "accelerator memory, and this engine runs on the CPU backend")
 
 
-def _sampling_params(s: Sampling) -> Any:
+def _placeholder_token_ids(hf_config: Any) -> tuple[int, ...]:
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return tuple(sorted({int(v) for n in names if (v := getattr(hf_config, n, None)) is not None}))
+
+
+def _sampling_params(s: Sampling, banned_token_ids: tuple[int, ...] = ()) -> Any:
+    """vLLM sampling parameters. `banned_token_ids` get a -100 logit bias (never sampled); the
+    reported log-probs are the raw model log-probs (before logits processors), which is what the
+    learner recomputes."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
     return SamplingParams(
         n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
         stop=list(s.stop), stop_token_ids=list(s.stop_token_ids), seed=s.seed, logprobs=0,
         output_kind=RequestOutputKind.FINAL_ONLY,
+        logit_bias=dict.fromkeys(banned_token_ids, -100.0) or None,
     )
 
 

@@ -143,6 +143,18 @@ async def test_generate_with_images_returns_tokens_logprobs_and_the_expanded_pro
     assert len(two.completions[0].token_ids) <= 6
 
 
+async def test_image_placeholder_tokens_are_never_sampled(rollout: Rollout) -> None:
+    # The random tiny model gives each of its 512 tokens about equal mass: without the ban, 2,048
+    # sampled tokens would contain one of the 4 placeholder tokens with probability above 0.999.
+    (result,) = await _generate(rollout, _request(rollout, (0,), max_tokens=16, temperature=2.0, n=128, seed=3))
+    config = rollout.tokenizer
+    banned = {config.convert_tokens_to_ids(t)
+              for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
+    sampled = [t for completion in result.completions for t in completion.token_ids]
+    assert len(sampled) >= 1024
+    assert not banned & set(sampled)
+
+
 async def test_greedy_and_seeded_generation_are_reproducible(rollout: Rollout) -> None:
     greedy = _request(rollout, (3,), max_tokens=8, temperature=0.0, seed=11)
     seeded = _request(rollout, (3,), max_tokens=8, temperature=1.0, seed=5)
