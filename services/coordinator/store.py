@@ -120,24 +120,24 @@ class RunStore:
     async def commit_step(self, run_id: str, step: int, metrics: dict[str, Any],
                           episodes: dict[str, dict[str, Any]]) -> None:
         """Records step `step` (1-based) atomically: its metrics, episodes and the step counter."""
-        async with self.r.pipeline(transaction=True) as pipe:
-            pipe.hset(self._key(run_id, "metrics"), str(step), json.dumps(metrics))
-            if episodes:
-                pipe.hset(self._key(run_id, "episodes"),
-                          mapping={k: json.dumps(v) for k, v in episodes.items()})
-            pipe.hset(self._key(run_id), mapping={"step": step, "updated_at": time.time()})
-            await pipe.execute()
+        await self._record(run_id, "metrics", step, metrics, episodes, advance_step=True)
         await self.add_event(run_id, "step", metrics)
 
     async def record_eval(self, run_id: str, step: int, summary: dict[str, Any],
                           episodes: dict[str, dict[str, Any]]) -> None:
-        async with self.r.pipeline(transaction=True) as pipe:
-            pipe.hset(self._key(run_id, "evals"), str(step), json.dumps(summary))
-            if episodes:
-                pipe.hset(self._key(run_id, "episodes"),
-                          mapping={k: json.dumps(v) for k, v in episodes.items()})
-            await pipe.execute()
+        """Records the eval after step `step` atomically with its episodes."""
+        await self._record(run_id, "evals", step, summary, episodes, advance_step=False)
         await self.add_event(run_id, "eval", summary)
+
+    async def _record(self, run_id: str, suffix: str, step: int, record: dict[str, Any],
+                      episodes: dict[str, dict[str, Any]], advance_step: bool) -> None:
+        async with self.r.pipeline(transaction=True) as pipe:
+            pipe.hset(self._key(run_id, suffix), str(step), json.dumps(record))
+            if episodes:
+                pipe.hset(self._key(run_id, "episodes"), mapping={k: json.dumps(v) for k, v in episodes.items()})
+            if advance_step:
+                pipe.hset(self._key(run_id), mapping={"step": step, "updated_at": time.time()})
+            await pipe.execute()
 
     async def truncate_after(self, run_id: str, step: int) -> None:
         """Forgets metrics, evals and episodes of steps after `step` (replayed after a resume)."""
