@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mmrl.cli.run import ApiClient, load_config_dict, parse_overrides, watch
 from mmrl.cli.stack import Stack, StackConfig
-from mmrl.cli.up import ensure_tiny_model
+from mmrl.cli.up import DEFAULT_MODEL, ensure_tiny_model
 
 
 def breakdown(metrics: list[dict], evals: list[dict]) -> dict[str, float]:
@@ -29,7 +29,7 @@ def breakdown(metrics: list[dict], evals: list[dict]) -> dict[str, float]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl bench e2e", description=__doc__)
-    parser.add_argument("--model", type=Path, default=Path(".mmrl/models/tiny"))
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--config", type=Path, default=Path("configs/maze-tiny-cpu.yaml"))
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
 
-    model = ensure_tiny_model(args.model) if args.model == Path(".mmrl/models/tiny") else args.model
+    model = ensure_tiny_model(args.model)
     overrides = {"steps": args.steps, "eval.interval": 10_000, "eval.sampled_samples": 0,
                  "checkpoint_interval": 10_000, **parse_overrides(args.set)}
     overrides["model"] = str(model.resolve())

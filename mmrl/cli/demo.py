@@ -14,7 +14,7 @@ from mmrl.cli.report import episode_strip, learning_curve, plot_curve, write_jso
 from mmrl.cli.run import ApiClient, load_config_dict, parse_overrides, watch
 from mmrl.cli.sft import load_sft_config, run_sft
 from mmrl.cli.stack import Stack, StackConfig
-from mmrl.cli.up import ensure_tiny_model
+from mmrl.cli.up import DEFAULT_MODEL, ensure_tiny_model
 
 
 def sft_checkpoint(args: argparse.Namespace, base_model: Path) -> tuple[Path, float, dict[str, Any]]:
@@ -34,7 +34,7 @@ def sft_checkpoint(args: argparse.Namespace, base_model: Path) -> tuple[Path, fl
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl demo", description=__doc__)
-    parser.add_argument("--model", type=Path, default=Path(".mmrl/models/tiny"),
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL,
                         help="base model (the tiny model is built there if missing)")
     parser.add_argument("--sft-config", type=Path, default=Path("configs/sft-tiny.yaml"))
     parser.add_argument("--sft-model", type=Path, help="start GRPO from this model directory instead of running SFT")
@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
 
-    base = ensure_tiny_model(args.model) if args.model == Path(".mmrl/models/tiny") else args.model
+    base = ensure_tiny_model(args.model)
     if args.sft_model:
         sft_model, sft_wall_s, sft_report = args.sft_model, 0.0, {}
     else:

@@ -8,10 +8,13 @@ from pathlib import Path
 
 from mmrl.cli.stack import Stack, StackConfig
 
+DEFAULT_MODEL = Path(".mmrl/models/tiny")
+
 
 def ensure_tiny_model(model: Path) -> Path:
-    """Builds the tiny model at `model` when nothing is there yet (machines without weights)."""
-    if not (model / "config.json").is_file():
+    """`model`, after building the tiny model there when it is the default path and nothing is
+    there yet (machines without weights). Any other path is used as given."""
+    if model == DEFAULT_MODEL and not (model / "config.json").is_file():
         from services.common.tiny_model import build_tiny_model
 
         print(f"building the tiny model at {model}", flush=True)
@@ -21,7 +24,7 @@ def ensure_tiny_model(model: Path) -> Path:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl up", description=__doc__)
-    parser.add_argument("--model", type=Path, default=Path(".mmrl/models/tiny"),
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL,
                         help="model directory served by rollout and trained by the learner "
                              "(the tiny model is built there if missing)")
     parser.add_argument("--state-dir", type=Path, default=Path(".mmrl"), help="logs, Redis data, shared root")
@@ -30,8 +33,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--learner-nproc", type=int, default=1, help="learner ranks (torchrun)")
     args = parser.parse_args(argv)
 
-    if args.model == Path(".mmrl/models/tiny"):
-        ensure_tiny_model(args.model)
+    ensure_tiny_model(args.model)
     config = StackConfig(model=args.model.resolve(), state_dir=args.state_dir, redis_url=args.redis_url,
                          ports={"coordinator": args.port}, learner_nproc=args.learner_nproc)
     stack = Stack(config)

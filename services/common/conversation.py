@@ -122,19 +122,16 @@ class TokenConversation:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turn_starts: list[int] = field(default_factory=list)
-    pending_compact: int = 0  # compact tokens added since the record was last synced
 
     def add_system(self, tokenizer: Tokenizer, text: str) -> None:
         assert not self.compact_ids, "the system turn comes first"
         ids = self.chat.system_turn(tokenizer, text)
         self.compact_ids += ids
-        self.pending_compact += len(ids)
 
     def add_observation(self, tokenizer: Tokenizer, text: str, images: list[bytes]) -> None:
         ids = self.chat.user_turn(tokenizer, text, len(images))
         self.compact_ids += ids
         self.images += images
-        self.pending_compact += len(ids)
 
     def add_generation(
         self, expanded_prompt: list[int], generated: list[int], generated_logprobs: list[float],
@@ -159,7 +156,6 @@ class TokenConversation:
         self.loss_mask += [0] * len(closing)
         self.logprobs += [0.0] * len(closing)
         self.compact_ids += list(generated) + closing
-        self.pending_compact = 0
 
     @property
     def num_turns(self) -> int:

@@ -50,7 +50,7 @@ class RunManager:
         policy = CallPolicy(timeout_s=self.settings.rpc_timeout_s, retries=self.settings.rpc_retries)
         services = Services.connect(endpoints.env, endpoints.rollout, endpoints.learner, policy)
         try:
-            await services.require_healthy()
+            await services.require_healthy()  # before the tokenizer load, so a down service is named first
             tokenizer = await asyncio.to_thread(load_tokenizer, config.model)
             ctx = RunContext(run_id=run_id, config=config, services=services, store=self.store,
                              shared_root=self.settings.shared_root, tokenizer=tokenizer,

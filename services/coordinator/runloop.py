@@ -84,8 +84,8 @@ async def execute_run(ctx: RunContext) -> RunState:
     Raises on failure (the caller records the reason)."""
     cfg, run_id, svc, store = ctx.config, ctx.run_id, ctx.services, ctx.store
 
-    # 0. Services up, config possible on them, learner bound to the run and rolled back.
-    await svc.require_healthy()
+    # 0. (The caller has checked that every service is up.) Config possible on them, learner bound
+    #    to the run and rolled back.
     if cfg.colocated:
         info = await svc.rollouts[0].call("GetModelInfo", svc.rollouts[0].stub.GetModelInfo,
                                           rollout_pb2.GetModelInfoRequest())
