@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from mmrl.v1 import common_pb2 as mmrl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15mmrl/v1/learner.proto\x12\x07mmrl.v1\x1a\x14mmrl/v1/common.proto\":\n\x13\x43onfigureRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\"\\\n\x0cLearnerState\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x03 \x01(\x03\x12\x15\n\rrestored_from\x18\x04 \x01(\t\"M\n\x10TrainStepRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12)\n\x0ctrajectories\x18\x02 \x03(\x0b\x32\x13.mmrl.v1.Trajectory\"\x9c\x01\n\x11TrainStepResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x38\n\x07metrics\x18\x02 \x03(\x0b\x32\'.mmrl.v1.TrainStepResponse.MetricsEntry\x12\x0f\n\x07skipped\x18\x03 \x01(\x08\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\'\n\x15PublishAdapterRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"d\n\x16PublishAdapterResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x17\n\x0fmanifest_sha256\x18\x03 \x01(\t\x12\x12\n\npublish_ms\x18\x04 \x01(\x01\"\'\n\x15SaveCheckpointRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"K\n\x16SaveCheckpointResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x15\n\rcheckpoint_ms\x18\x03 \x01(\x01\"5\n\x15LoadCheckpointRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"!\n\x0fGetStateRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t2\xc5\x03\n\x0eLearnerService\x12\x43\n\x0c\x43onfigureRun\x12\x1c.mmrl.v1.ConfigureRunRequest\x1a\x15.mmrl.v1.LearnerState\x12\x42\n\tTrainStep\x12\x19.mmrl.v1.TrainStepRequest\x1a\x1a.mmrl.v1.TrainStepResponse\x12Q\n\x0ePublishAdapter\x12\x1e.mmrl.v1.PublishAdapterRequest\x1a\x1f.mmrl.v1.PublishAdapterResponse\x12Q\n\x0eSaveCheckpoint\x12\x1e.mmrl.v1.SaveCheckpointRequest\x1a\x1f.mmrl.v1.SaveCheckpointResponse\x12G\n\x0eLoadCheckpoint\x12\x1e.mmrl.v1.LoadCheckpointRequest\x1a\x15.mmrl.v1.LearnerState\x12;\n\x08GetState\x12\x18.mmrl.v1.GetStateRequest\x1a\x15.mmrl.v1.LearnerStateb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15mmrl/v1/learner.proto\x12\x07mmrl.v1\x1a\x14mmrl/v1/common.proto\":\n\x13\x43onfigureRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\"q\n\x0cLearnerState\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x03 \x01(\x03\x12\x15\n\rrestored_from\x18\x04 \x01(\t\x12\x13\n\x0btrain_steps\x18\x05 \x01(\x03\"M\n\x10TrainStepRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12)\n\x0ctrajectories\x18\x02 \x03(\x0b\x32\x13.mmrl.v1.Trajectory\"\x9c\x01\n\x11TrainStepResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x38\n\x07metrics\x18\x02 \x03(\x0b\x32\'.mmrl.v1.TrainStepResponse.MetricsEntry\x12\x0f\n\x07skipped\x18\x03 \x01(\x08\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\'\n\x15PublishAdapterRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"d\n\x16PublishAdapterResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x17\n\x0fmanifest_sha256\x18\x03 \x01(\t\x12\x12\n\npublish_ms\x18\x04 \x01(\x01\"\'\n\x15SaveCheckpointRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"K\n\x16SaveCheckpointResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x15\n\rcheckpoint_ms\x18\x03 \x01(\x01\"5\n\x15LoadCheckpointRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"!\n\x0fGetStateRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t2\xc5\x03\n\x0eLearnerService\x12\x43\n\x0c\x43onfigureRun\x12\x1c.mmrl.v1.ConfigureRunRequest\x1a\x15.mmrl.v1.LearnerState\x12\x42\n\tTrainStep\x12\x19.mmrl.v1.TrainStepRequest\x1a\x1a.mmrl.v1.TrainStepResponse\x12Q\n\x0ePublishAdapter\x12\x1e.mmrl.v1.PublishAdapterRequest\x1a\x1f.mmrl.v1.PublishAdapterResponse\x12Q\n\x0eSaveCheckpoint\x12\x1e.mmrl.v1.SaveCheckpointRequest\x1a\x1f.mmrl.v1.SaveCheckpointResponse\x12G\n\x0eLoadCheckpoint\x12\x1e.mmrl.v1.LoadCheckpointRequest\x1a\x15.mmrl.v1.LearnerState\x12;\n\x08GetState\x12\x18.mmrl.v1.GetStateRequest\x1a\x15.mmrl.v1.LearnerStateb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,25 +37,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONFIGURERUNREQUEST']._serialized_start=56
   _globals['_CONFIGURERUNREQUEST']._serialized_end=114
   _globals['_LEARNERSTATE']._serialized_start=116
-  _globals['_LEARNERSTATE']._serialized_end=208
-  _globals['_TRAINSTEPREQUEST']._serialized_start=210
-  _globals['_TRAINSTEPREQUEST']._serialized_end=287
-  _globals['_TRAINSTEPRESPONSE']._serialized_start=290
-  _globals['_TRAINSTEPRESPONSE']._serialized_end=446
-  _globals['_TRAINSTEPRESPONSE_METRICSENTRY']._serialized_start=400
-  _globals['_TRAINSTEPRESPONSE_METRICSENTRY']._serialized_end=446
-  _globals['_PUBLISHADAPTERREQUEST']._serialized_start=448
-  _globals['_PUBLISHADAPTERREQUEST']._serialized_end=487
-  _globals['_PUBLISHADAPTERRESPONSE']._serialized_start=489
-  _globals['_PUBLISHADAPTERRESPONSE']._serialized_end=589
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=591
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=630
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=632
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=707
-  _globals['_LOADCHECKPOINTREQUEST']._serialized_start=709
-  _globals['_LOADCHECKPOINTREQUEST']._serialized_end=762
-  _globals['_GETSTATEREQUEST']._serialized_start=764
-  _globals['_GETSTATEREQUEST']._serialized_end=797
-  _globals['_LEARNERSERVICE']._serialized_start=800
-  _globals['_LEARNERSERVICE']._serialized_end=1253
+  _globals['_LEARNERSTATE']._serialized_end=229
+  _globals['_TRAINSTEPREQUEST']._serialized_start=231
+  _globals['_TRAINSTEPREQUEST']._serialized_end=308
+  _globals['_TRAINSTEPRESPONSE']._serialized_start=311
+  _globals['_TRAINSTEPRESPONSE']._serialized_end=467
+  _globals['_TRAINSTEPRESPONSE_METRICSENTRY']._serialized_start=421
+  _globals['_TRAINSTEPRESPONSE_METRICSENTRY']._serialized_end=467
+  _globals['_PUBLISHADAPTERREQUEST']._serialized_start=469
+  _globals['_PUBLISHADAPTERREQUEST']._serialized_end=508
+  _globals['_PUBLISHADAPTERRESPONSE']._serialized_start=510
+  _globals['_PUBLISHADAPTERRESPONSE']._serialized_end=610
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=612
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=651
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=653
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=728
+  _globals['_LOADCHECKPOINTREQUEST']._serialized_start=730
+  _globals['_LOADCHECKPOINTREQUEST']._serialized_end=783
+  _globals['_GETSTATEREQUEST']._serialized_start=785
+  _globals['_GETSTATEREQUEST']._serialized_end=818
+  _globals['_LEARNERSERVICE']._serialized_start=821
+  _globals['_LEARNERSERVICE']._serialized_end=1274
 # @@protoc_insertion_point(module_scope)

@@ -16,16 +16,18 @@ class ConfigureRunRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., config_json: _Optional[str] = ...) -> None: ...
 
 class LearnerState(_message.Message):
-    __slots__ = ("run_id", "step", "adapter_version", "restored_from")
+    __slots__ = ("run_id", "step", "adapter_version", "restored_from", "train_steps")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     RESTORED_FROM_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_STEPS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     step: int
     adapter_version: int
     restored_from: str
-    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., adapter_version: _Optional[int] = ..., restored_from: _Optional[str] = ...) -> None: ...
+    train_steps: int
+    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., adapter_version: _Optional[int] = ..., restored_from: _Optional[str] = ..., train_steps: _Optional[int] = ...) -> None: ...
 
 class TrainStepRequest(_message.Message):
     __slots__ = ("run_id", "trajectories")

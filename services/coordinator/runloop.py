@@ -107,7 +107,7 @@ async def execute_run(ctx: RunContext) -> RunState:
     else:
         state = await learner.call("LoadCheckpoint", learner.stub.LoadCheckpoint,
                                    learner_pb2.LoadCheckpointRequest(run_id=run_id))
-        start_step = int(state.step)
+        start_step = int(state.train_steps)  # GRPO steps; `state.step` counts optimiser steps
     await store.truncate_after(run_id, start_step)
     adapter_version = 0 if start_step == 0 else await publish_and_load(ctx, Timers())
     await store.update_run(run_id, step=start_step, adapter_version=adapter_version)

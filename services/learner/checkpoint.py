@@ -46,7 +46,8 @@ class TrainerState:
     """The scalar part of a checkpoint (trainer_state.json)."""
 
     run_id: str
-    step: int
+    step: int  # optimiser steps
+    train_steps: int  # TrainStep calls (GRPO steps)
     adapter_version: int
     world_size: int
     base_model: str

@@ -48,6 +48,7 @@ class LearnerState:
     step: int
     adapter_version: int
     restored_from: str
+    train_steps: int
 
 
 @dataclass
@@ -56,7 +57,8 @@ class _Run:
     config: LearnerRunConfig
     model: Any
     optimizer: torch.optim.Optimizer
-    step: int = 0
+    step: int = 0  # optimiser steps (the learning-rate schedule position)
+    train_steps: int = 0  # TrainStep calls (GRPO steps)
     adapter_version: int = 0
     restored_from: str = ""
 
@@ -89,7 +91,7 @@ class LearnerEngine:
     def state(self) -> LearnerState:
         assert self.run is not None
         run = self.run
-        return LearnerState(run.run_id, run.step, run.adapter_version, run.restored_from)
+        return LearnerState(run.run_id, run.step, run.adapter_version, run.restored_from, run.train_steps)
 
     def trainable_shapes(self) -> dict[str, torch.Size]:
         assert self.run is not None
@@ -116,6 +118,7 @@ class LearnerEngine:
         run = self.run
         outcome = train_step(run.model, run.optimizer, minibatches, run.config, run.step, self.spec, self.ctx)
         run.step += outcome.num_steps
+        run.train_steps += 1
         return outcome
 
     def publish(self, version: int) -> PublishedAdapter | None:
@@ -149,6 +152,7 @@ class LearnerEngine:
         trainer_state = ckpt.TrainerState(
             run_id=run.run_id,
             step=run.step,
+            train_steps=run.train_steps,
             adapter_version=run.adapter_version,
             world_size=self.ctx.world_size,
             base_model=str(self.model_dir),
@@ -179,10 +183,11 @@ class LearnerEngine:
             ckpt.load_optimizer_state(run.model, run.optimizer, optim_state)
         else:  # saved before the first optimiser step: a fresh optimizer is the same state
             run.optimizer = build_optimizer((p for _, p in trainable_parameters(run.model)), run.config)
-        step = None
+        steps = None
         if self.ctx.is_main:
-            step = int(json.loads((Path(directory) / ckpt.TRAINER_STATE).read_text())["step"])
-        run.step = broadcast_object(step, self.ctx)
+            saved = json.loads((Path(directory) / ckpt.TRAINER_STATE).read_text())
+            steps = (int(saved["step"]), int(saved["train_steps"]))
+        run.step, run.train_steps = broadcast_object(steps, self.ctx)
         run.restored_from = str(directory)
         per_rank = [rng_states[r] if r < len(rng_states) else None for r in range(self.ctx.world_size)]
         mine = scatter_objects(per_rank if self.ctx.is_main else None, self.ctx)

@@ -32,6 +32,7 @@ def _state_reply(state: LearnerState) -> learner_pb2.LearnerState:
         step=state.step,
         adapter_version=state.adapter_version,
         restored_from=state.restored_from,
+        train_steps=state.train_steps,
     )
 
 

@@ -206,3 +206,21 @@ async def test_train_publish_checkpoint_and_a_restarted_learner_continues_the_ru
         )
     finally:
         await restarted.stop()
+
+
+async def test_a_checkpoint_counts_train_steps_apart_from_optimiser_steps(
+    learner: Learner, trajectories: list[Trajectory]
+) -> None:
+    """With several mini-batches per TrainStep the optimiser step count runs ahead of the GRPO step
+    count; a resumed run must restart from the GRPO step (found: a coordinator restarted at step 8
+    of a 5-step run with `num_minibatches: 4`)."""
+    config = json.dumps({"learning_rate": 0.01, "micro_batch_size": 4, "num_minibatches": 2})
+    await learner.stub.ConfigureRun(learner_pb2.ConfigureRunRequest(run_id="run", config_json=config))
+    for _ in range(2):
+        await learner.stub.TrainStep(_train("run", trajectories[:4]))
+    state = await learner.stub.GetState(learner_pb2.GetStateRequest(run_id="run"))
+    assert (state.step, state.train_steps) == (4, 2)
+    await learner.stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(run_id="run"))
+    await learner.stub.TrainStep(_train("run", trajectories[:4]))
+    loaded = await learner.stub.LoadCheckpoint(learner_pb2.LoadCheckpointRequest(run_id="run"))
+    assert (loaded.step, loaded.train_steps) == (4, 2)
