@@ -140,7 +140,16 @@ def read_trainer_state(directory: Path) -> TrainerState:
 
     Raises storage.ManifestError for an incomplete or altered checkpoint."""
     storage.verify_manifest(directory)
-    return TrainerState(**json.loads((Path(directory) / TRAINER_STATE).read_text()))
+    return load_trainer_state(directory)
+
+
+def load_trainer_state(directory: Path) -> TrainerState:
+    """The scalar state of a checkpoint (no manifest check). Checkpoints written before
+    `train_steps` was recorded get it from their optimiser steps: `num_minibatches` per TrainStep."""
+    saved = json.loads((Path(directory) / TRAINER_STATE).read_text())
+    if "train_steps" not in saved:
+        saved["train_steps"] = int(saved["step"]) // int(saved["config"].get("num_minibatches", 1))
+    return TrainerState(**saved)
 
 
 CheckpointTensors = tuple[dict[str, torch.Tensor], dict[str, Any], list[dict[str, Any]]]

@@ -8,7 +8,6 @@ here that touches the model is collective: every rank must run the same command 
 from __future__ import annotations
 
 import gc
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,8 +184,8 @@ class LearnerEngine:
             run.optimizer = build_optimizer((p for _, p in trainable_parameters(run.model)), run.config)
         steps = None
         if self.ctx.is_main:
-            saved = json.loads((Path(directory) / ckpt.TRAINER_STATE).read_text())
-            steps = (int(saved["step"]), int(saved["train_steps"]))
+            saved = ckpt.load_trainer_state(Path(directory))
+            steps = (saved.step, saved.train_steps)
         run.step, run.train_steps = broadcast_object(steps, self.ctx)
         run.restored_from = str(directory)
         per_rank = [rng_states[r] if r < len(rng_states) else None for r in range(self.ctx.world_size)]

@@ -224,3 +224,12 @@ async def test_a_checkpoint_counts_train_steps_apart_from_optimiser_steps(
     await learner.stub.TrainStep(_train("run", trajectories[:4]))
     loaded = await learner.stub.LoadCheckpoint(learner_pb2.LoadCheckpointRequest(run_id="run"))
     assert (loaded.step, loaded.train_steps) == (4, 2)
+
+
+def test_a_checkpoint_written_before_train_steps_were_recorded_derives_them(tmp_path: Path) -> None:
+    from services.learner.checkpoint import TRAINER_STATE, load_trainer_state
+
+    old = {"run_id": "run", "step": 12, "adapter_version": 3, "world_size": 1, "base_model": "m",
+           "config": {"num_minibatches": 4}}
+    (tmp_path / TRAINER_STATE).write_text(json.dumps(old))
+    assert load_trainer_state(tmp_path).train_steps == 3
