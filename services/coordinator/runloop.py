@@ -26,10 +26,9 @@ from services.coordinator.config import RunConfig
 from services.coordinator.episodes import EpisodeResult, Sampling, Timers, play_episodes
 from services.coordinator.evaluation import EvalPlan, episode_record, run_eval
 from services.coordinator.store import RunState, RunStore
+from services.env.evalset import TRAIN_SEED_LIMIT  # training maze seeds are drawn below it
 
 log = logging.getLogger("mmrl.coordinator.runloop")
-
-TRAIN_SEED_LIMIT = 1_000_000  # training maze seeds are drawn below this; eval seeds are excluded
 
 
 class ConfigRefused(ValueError):

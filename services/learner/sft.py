@@ -38,12 +38,12 @@ from services.common.conversation import (
     expand_image_placeholders,
 )
 from services.common.trajectory import Trajectory
+from services.env.evalset import TRAIN_SEED_LIMIT  # seeds at or above it are reserved for eval sets
 from services.learner.batch import ModelSpec, collate, decode_image, prepare_batch
 from services.learner.policy import load_base_model, load_processor, token_logprobs
 
 log = logging.getLogger("mmrl.learner.sft")
 ACTIONS = ("up", "down", "left", "right")
-TRAIN_SEED_LIMIT = 1_000_000  # env seeds at or above this are reserved for eval sets
 
 
 class SftConfig(BaseModel):

@@ -16,6 +16,7 @@ from mmrl.v1 import learner_pb2, learner_pb2_grpc
 from services.common import storage
 from services.common.grpc_server import channel, start_server
 from services.common.trajectory import Trajectory
+from services.learner.checkpoint import TRAINER_STATE, load_trainer_state
 from services.learner.servicer import SERVICE_NAME, LearnerServicer
 
 CONFIG = json.dumps({"learning_rate": 0.01, "micro_batch_size": 4})
@@ -227,8 +228,6 @@ async def test_a_checkpoint_counts_train_steps_apart_from_optimiser_steps(
 
 
 def test_a_checkpoint_written_before_train_steps_were_recorded_derives_them(tmp_path: Path) -> None:
-    from services.learner.checkpoint import TRAINER_STATE, load_trainer_state
-
     old = {"run_id": "run", "step": 12, "adapter_version": 3, "world_size": 1, "base_model": "m",
            "config": {"num_minibatches": 4}}
     (tmp_path / TRAINER_STATE).write_text(json.dumps(old))
