@@ -70,6 +70,11 @@ class GrpoSettings(_Strict):
     max_sampling_rounds: int = Field(
         3, ge=1, le=32, description="With dynamic sampling: at most this many rounds of B mazes per step."
     )
+    async_rollout: bool = Field(
+        False,
+        description="Sample step s+1 while the learner trains on step s: episodes come from the policy "
+                    "one version behind the learner's (set tis_cap to correct for it). Not with colocated.",
+    )
 
 
 class LoraSettings(_Strict):
@@ -136,6 +141,13 @@ class RunConfig(_Strict):
     colocated: bool = Field(
         False, description="Sleep the rollout engine during training (vLLM sleep mode; GPU only)."
     )
+
+    @model_validator(mode="after")
+    def _async_needs_an_awake_engine(self) -> RunConfig:
+        if self.colocated and self.grpo.async_rollout:
+            raise ValueError("grpo.async_rollout samples while the learner trains; "
+                             "a colocated rollout engine sleeps then (set one of them false)")
+        return self
 
     @property
     def turn_limit(self) -> int:

@@ -4,10 +4,17 @@ Resumability: at the start of a run the learner saves a step-0 checkpoint; every
 `checkpoint_interval` steps it saves another. A (re)started loop rolls the learner back to its
 newest complete checkpoint, forgets the coordinator records of later steps and replays them: the
 maze seeds of a step are a function of (run seed, step), so each step is recorded exactly once.
+
+With `grpo.async_rollout` the episodes of step s+1 are played while the learner trains on step s,
+by adapter version s-1 (the one step s started from): the learner, at version s when it trains on
+them, is one version ahead of the policy that sampled its batch (truncated importance sampling, `grpo.tis_cap`, corrects for
+it). Replicas load a new version only between two steps' sampling. A replayed step after a
+restart is sampled by the restored version, so it is on-policy.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -123,93 +130,134 @@ async def execute_run(ctx: RunContext) -> RunState:
         await evaluate(ctx, plan, step=0, adapter_version=adapter_version, timers=Timers())
 
     sampling = Sampling(cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.max_tokens)
-    for step in range(start_step + 1, cfg.steps + 1):
-        # Pause / stop requests take effect at step boundaries.
-        desired = await store.desired(run_id)
-        if desired in ("pause", "stop"):
-            state = RunState.PAUSED if desired == "pause" else RunState.STOPPED
-            await store.set_state(run_id, state)
-            return state
-        step_started = time.perf_counter()
-        timers = Timers()
+    ahead = cfg.grpo.async_rollout  # (never with colocated: the config refuses both)
+    pending: asyncio.Task[SampledStep] | None = None  # the next step's episodes, sampled during training
+    try:
+        for step in range(start_step + 1, cfg.steps + 1):
+            # Pause / stop requests take effect at step boundaries.
+            desired = await store.desired(run_id)
+            if desired in ("pause", "stop"):
+                state = RunState.PAUSED if desired == "pause" else RunState.STOPPED
+                await store.set_state(run_id, state)
+                return state
+            step_started = time.perf_counter()
 
-        # 1-3. B mazes (seeds from run seed + step), G episodes each, played turn by turn.
-        groups: list[list[EpisodeResult]] = []
-        num_dropped = 0
-        num_played = 0
-        for round_index in range(cfg.grpo.max_sampling_rounds if cfg.grpo.dynamic_sampling else 1):
-            needed = cfg.grpo.mazes_per_step - len(groups)
-            seeds = step_seeds(cfg.seed, step, round_index, needed, eval_seeds)
-            specs = [env_pb2.EpisodeSpec(seed=s, max_moves=cfg.env.max_moves, options=cfg.env.spec_options())
-                     for s in seeds]
-            episodes = await play_episodes(
-                svc, ctx.tokenizer, ctx.chat, specs, samples_per_spec=cfg.grpo.group_size, sampling=sampling,
-                run_id=run_id, adapter_version=adapter_version, system_prompt=cfg.system_prompt,
-                max_turns=cfg.turn_limit, seed=cfg.seed * 100_003 + step * 101 + round_index, timers=timers)
-            num_played += len(episodes)
-            for g in range(len(seeds)):
-                group = episodes[g * cfg.grpo.group_size:(g + 1) * cfg.grpo.group_size]
-                last_round = round_index + 1 == cfg.grpo.max_sampling_rounds
-                if cfg.grpo.dynamic_sampling and not last_round and not is_informative([e.reward for e in group]):
-                    num_dropped += 1  # no signal: replaced by a maze of the next round
-                    continue
-                groups.append(group)
-            if len(groups) >= cfg.grpo.mazes_per_step:
-                break
-        groups = groups[: cfg.grpo.mazes_per_step]
+            # 1-3. B mazes (seeds from run seed + step), G episodes each, played turn by turn.
+            if pending is not None:
+                sampled, pending = await pending, None
+            else:
+                sampled = await sample_step(ctx, step, adapter_version, sampling, eval_seeds)
+            groups, timers = sampled.groups, sampled.timers
 
-        # 4. Group-relative advantages on the coordinator; the learner only sees per-token arrays.
-        trajectories = to_trajectories(groups, cfg.grpo.advantage_norm, step)
+            # 4. Group-relative advantages on the coordinator; the learner only sees per-token arrays.
+            trajectories = to_trajectories(groups, cfg.grpo.advantage_norm, step)
 
-        # 5. Train (rollout engine asleep in colocated mode), publish, 6. load on every replica.
-        if cfg.colocated:
-            await _all_rollouts(ctx, "Sleep", rollout_pb2.SleepRequest(level=1))
-        started = time.perf_counter()
-        train = await learner.call("TrainStep", learner.stub.TrainStep, learner_pb2.TrainStepRequest(
-            run_id=run_id, trajectories=[t.to_proto() for t in trajectories]))
-        timers.add("train", started)
-        if cfg.colocated:
-            await _all_rollouts(ctx, "WakeUp", rollout_pb2.WakeUpRequest())
-        sampled_with = adapter_version
-        adapter_version = await publish_and_load(ctx, timers)
+            # 5. Train (rollout engine asleep in colocated mode; with async_rollout the next step is
+            #    sampled meanwhile, by the policy of this step's start), publish, 6. load on every replica.
+            if cfg.colocated:
+                await _all_rollouts(ctx, "Sleep", rollout_pb2.SleepRequest(level=1))
+            started = time.perf_counter()
+            training = asyncio.create_task(learner.call(
+                "TrainStep", learner.stub.TrainStep,
+                learner_pb2.TrainStepRequest(run_id=run_id, trajectories=[t.to_proto() for t in trajectories])))
+            if ahead and step < cfg.steps:
+                pending = asyncio.create_task(sample_step(ctx, step + 1, adapter_version, sampling, eval_seeds))
+            train = await training
+            timers.add("train", started)
+            if cfg.colocated:
+                await _all_rollouts(ctx, "WakeUp", rollout_pb2.WakeUpRequest())
+            sampled_with = sampled.adapter_version
+            if pending is not None:
+                await asyncio.wait([pending])  # replicas load the new version between two steps' sampling
+            adapter_version = await publish_and_load(ctx, timers)
 
-        # Record the step (metrics + episodes + counter) atomically.
-        flat = [e for group in groups for e in group]
-        rewards = [e.reward for e in flat]
-        metrics: dict[str, Any] = {
-            "step": step,
-            "reward/mean": sum(rewards) / len(rewards),
-            "train/solve_rate": sum(e.solved for e in flat) / len(flat),
-            "episodes/num": len(flat),
-            "episodes/num_played": num_played,
-            "episodes/turns_mean": sum(len(e.actions) for e in flat) / len(flat),
-            "groups/num": len(groups),
-            "groups/num_informative": sum(is_informative([e.reward for e in g]) for g in groups),
-            "groups/num_dropped": num_dropped,
-            "tokens/generated": sum(sum(t.loss_mask) for t in trajectories),
-            "adapter/sampled_with": sampled_with,
-            "adapter/published": adapter_version,
-            "train/skipped": bool(train.skipped),
-            # Non-finite values (a skipped step's loss or grad norm) become null: JSON has no NaN.
-            **{k if "/" in k else f"train/{k}": (v if math.isfinite(v) else None)
-               for k, v in train.metrics.items()},
-        }
-        records = {e.episode_id: episode_record(e, step=step, kind="train") for e in flat}
-        timers.seconds["step"] = time.perf_counter() - step_started
-        metrics.update({f"time/{k}_s": v for k, v in timers.seconds.items()})
-        await store.commit_step(run_id, step, metrics, records)
-        await store.update_run(run_id, adapter_version=adapter_version)
+            # Record the step (metrics + episodes + counter) atomically.
+            flat = [e for group in groups for e in group]
+            rewards = [e.reward for e in flat]
+            metrics: dict[str, Any] = {
+                "step": step,
+                "reward/mean": sum(rewards) / len(rewards),
+                "train/solve_rate": sum(e.solved for e in flat) / len(flat),
+                "episodes/num": len(flat),
+                "episodes/num_played": sampled.num_played,
+                "episodes/turns_mean": sum(len(e.actions) for e in flat) / len(flat),
+                "groups/num": len(groups),
+                "groups/num_informative": sum(is_informative([e.reward for e in g]) for g in groups),
+                "groups/num_dropped": sampled.num_dropped,
+                "tokens/generated": sum(sum(t.loss_mask) for t in trajectories),
+                "adapter/sampled_with": sampled_with,
+                "adapter/published": adapter_version,
+                "train/skipped": bool(train.skipped),
+                # Non-finite values (a skipped step's loss or grad norm) become null: JSON has no NaN.
+                **{k if "/" in k else f"train/{k}": (v if math.isfinite(v) else None)
+                   for k, v in train.metrics.items()},
+            }
+            records = {e.episode_id: episode_record(e, step=step, kind="train") for e in flat}
+            timers.seconds["step"] = time.perf_counter() - step_started
+            metrics.update({f"time/{k}_s": v for k, v in timers.seconds.items()})
+            await store.commit_step(run_id, step, metrics, records)
+            await store.update_run(run_id, adapter_version=adapter_version)
 
-        # 7. Eval every eval interval and at the end; 8. checkpoint every checkpoint interval.
-        if step % cfg.eval.interval == 0 or step == cfg.steps:
-            await evaluate(ctx, plan, step=step, adapter_version=adapter_version, timers=Timers())
-        if step % cfg.checkpoint_interval == 0 or step == cfg.steps:
-            await learner.call("SaveCheckpoint", learner.stub.SaveCheckpoint,
-                               learner_pb2.SaveCheckpointRequest(run_id=run_id))
-            await store.update_run(run_id, checkpoint_step=step)
+            # 7. Eval every eval interval and at the end; 8. checkpoint every checkpoint interval.
+            if step % cfg.eval.interval == 0 or step == cfg.steps:
+                await evaluate(ctx, plan, step=step, adapter_version=adapter_version, timers=Timers())
+            if step % cfg.checkpoint_interval == 0 or step == cfg.steps:
+                await learner.call("SaveCheckpoint", learner.stub.SaveCheckpoint,
+                                   learner_pb2.SaveCheckpointRequest(run_id=run_id))
+                await store.update_run(run_id, checkpoint_step=step)
+    finally:
+        if pending is not None:  # a failure or a pause: the next step is sampled again on resume
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
 
     await store.set_state(run_id, RunState.SUCCEEDED)
     return RunState.SUCCEEDED
+
+
+@dataclass
+class SampledStep:
+    """The groups of one step and what sampling them took."""
+
+    groups: list[list[EpisodeResult]]
+    adapter_version: int
+    num_played: int
+    num_dropped: int
+    timers: Timers
+
+
+async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling: Sampling,
+                      eval_seeds: set[int]) -> SampledStep:
+    """Plays the B groups of one step with one adapter version. With dynamic sampling, groups
+    whose rewards are all equal are dropped and replaced by new mazes, for at most
+    `max_sampling_rounds` rounds (the last round's groups are kept whatever their rewards)."""
+    cfg = ctx.config
+    timers = Timers()
+    groups: list[list[EpisodeResult]] = []
+    num_dropped = 0
+    num_played = 0
+    rounds = cfg.grpo.max_sampling_rounds if cfg.grpo.dynamic_sampling else 1
+    for round_index in range(rounds):
+        needed = cfg.grpo.mazes_per_step - len(groups)
+        seeds = step_seeds(cfg.seed, step, round_index, needed, eval_seeds)
+        specs = [env_pb2.EpisodeSpec(seed=s, max_moves=cfg.env.max_moves, options=cfg.env.spec_options())
+                 for s in seeds]
+        episodes = await play_episodes(
+            ctx.services, ctx.tokenizer, ctx.chat, specs, samples_per_spec=cfg.grpo.group_size,
+            sampling=sampling, run_id=ctx.run_id, adapter_version=adapter_version,
+            system_prompt=cfg.system_prompt, max_turns=cfg.turn_limit,
+            seed=cfg.seed * 100_003 + step * 101 + round_index, timers=timers)
+        num_played += len(episodes)
+        last_round = round_index + 1 == rounds
+        for g in range(len(seeds)):
+            group = episodes[g * cfg.grpo.group_size:(g + 1) * cfg.grpo.group_size]
+            if not last_round and not is_informative([e.reward for e in group]):
+                num_dropped += 1  # no signal: replaced by a maze of the next round
+                continue
+            groups.append(group)
+        if len(groups) >= cfg.grpo.mazes_per_step:
+            break
+    return SampledStep(groups=groups[: cfg.grpo.mazes_per_step], adapter_version=adapter_version,
+                       num_played=num_played, num_dropped=num_dropped, timers=timers)
 
 
 async def publish_and_load(ctx: RunContext, timers: Timers) -> int:

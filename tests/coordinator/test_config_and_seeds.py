@@ -35,6 +35,12 @@ def test_unknown_keys_are_refused() -> None:
         RunConfig.model_validate({"model": "m", "grpo": {"group_sise": 4}})
 
 
+def test_async_rollout_is_refused_with_a_colocated_engine() -> None:
+    with pytest.raises(ValidationError, match="async_rollout"):
+        RunConfig.model_validate({"model": "m", "colocated": True, "grpo": {"async_rollout": True}})
+    assert RunConfig.model_validate({"model": "m", "grpo": {"async_rollout": True}}).grpo.async_rollout
+
+
 def test_the_seeds_of_a_step_are_a_pure_function_of_run_seed_and_step() -> None:
     assert step_seeds(0, 5, 0, 8, set()) == step_seeds(0, 5, 0, 8, set())
     assert step_seeds(0, 5, 0, 8, set()) != step_seeds(0, 6, 0, 8, set())

@@ -99,6 +99,25 @@ def test_a_short_grpo_run_publishes_loads_and_records_everything(stack: Stack, t
     assert '"succeeded"' in events
 
 
+def test_async_rollout_samples_the_next_step_with_the_version_before(stack: Stack, tiny_model_dir: Path) -> None:
+    api = ApiClient(stack.api_url)
+    run_id = api.start(_config(tiny_model_dir, steps=4, **{"grpo.async_rollout": True, "grpo.tis_cap": 2.0}))["id"]
+    run = _wait(api, run_id, lambda r: r["state"] == "succeeded")
+    assert run["step"] == 4
+    metrics = api.request("GET", f"/v1/runs/{run_id}/metrics")["metrics"]
+    published = [m["adapter/published"] for m in metrics]
+    assert published == sorted(published) and len(set(published)) == 4
+    # Step s+1 is played while the learner trains on step s, by the version step s started from.
+    assert [m["adapter/sampled_with"] for m in metrics] == [0, 0, *published[:-2]]
+    episodes = api.request("GET", f"/v1/runs/{run_id}/episodes", params={"kind": "train"})["episodes"]
+    assert len(episodes) == 4 * 2 * 2
+    for episode in episodes:
+        assert episode["adapter_version"] == metrics[episode["step"] - 1]["adapter/sampled_with"]
+    assert all(0.0 < m["train/tis_weight_mean"] <= 2.0 for m in metrics)
+    evals = api.request("GET", f"/v1/runs/{run_id}/evals")["evals"]
+    assert [e["step"] for e in evals] == [0, 4]
+
+
 def test_a_coordinator_killed_mid_run_resumes_and_counts_each_step_once(stack: Stack, tiny_model_dir: Path) -> None:
     api = ApiClient(stack.api_url)
     run_id = api.start(_config(tiny_model_dir, steps=5, checkpoint_interval=2))["id"]
