@@ -70,6 +70,12 @@ class GrpoSettings(_Strict):
     max_sampling_rounds: int = Field(
         3, ge=1, le=32, description="With dynamic sampling: at most this many rounds of B mazes per step."
     )
+    old_logprobs: Literal["learner", "rollout"] = Field(
+        "learner",
+        description="Old policy of the PPO ratio over several mini-batches: the learner's log-probs "
+                    "(an extra no-grad pass) or the rollout engine's (exact only when they agree, "
+                    "see train/logprob_abs_diff_vs_rollout; not with async_rollout).",
+    )
     async_rollout: bool = Field(
         False,
         description="Sample step s+1 while the learner trains on step s: episodes come from the policy "
@@ -143,10 +149,13 @@ class RunConfig(_Strict):
     )
 
     @model_validator(mode="after")
-    def _async_needs_an_awake_engine(self) -> RunConfig:
+    def _async_rollout_constraints(self) -> RunConfig:
         if self.colocated and self.grpo.async_rollout:
             raise ValueError("grpo.async_rollout samples while the learner trains; "
                              "a colocated rollout engine sleeps then (set one of them false)")
+        if self.grpo.async_rollout and self.grpo.old_logprobs == "rollout":
+            raise ValueError("grpo.async_rollout samples with the version before the learner's, so the "
+                             "rollout log-probs are not the old policy (set grpo.old_logprobs: learner)")
         return self
 
     @property
@@ -170,6 +179,7 @@ class RunConfig(_Strict):
             "kl_coef": self.grpo.kl_coef,
             "loss_agg": self.grpo.loss_agg,
             "tis_cap": self.grpo.tis_cap,
+            "old_logprobs": self.grpo.old_logprobs,
             "seed": self.seed,
         }
         if self.lora.target_modules is not None:

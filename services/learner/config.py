@@ -75,6 +75,12 @@ class LearnerRunConfig(BaseModel):
     tis_cap: float | None = Field(default=None, gt=0)
     """Truncated importance sampling: weight each token's loss by min(pi_learner / pi_rollout,
     tis_cap) to correct for rollout-engine/learner mismatch; None disables it."""
+    old_logprobs: Literal["learner", "rollout"] = "learner"
+    """The "old" policy of the PPO ratio with several mini-batches: the learner's log-probs before
+    the TrainStep's first update (a no-grad pass over the later mini-batches), or the rollout
+    engine's, which skips that pass. 'rollout' is exact only when the engine computes what the
+    learner does (check train/logprob_abs_diff_vs_rollout) and the batch was sampled by the
+    learner's current version (not with async_rollout)."""
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     """Seed of the LoRA initialisation and of every rank's random number generators."""
 

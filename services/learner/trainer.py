@@ -12,10 +12,12 @@ backpropagates `world_size * local_loss`, and FSDP2 averages gradients over rank
 gradient is that of the whole mini-batch's loss for any number of ranks and any micro-batch size.
 
 The "old" policy of the PPO ratio is the learner's own log-probs before the TrainStep's first
-update: with one mini-batch they are the detached log-probs of the same forward (ratio 1, the
-plain policy gradient); with several, a no-grad pass computes them first, and later mini-batches
-are off-policy, where the clip (and clip-higher) binds. The rollout engine's log-probs enter only
-through the truncated importance-sampling weights and the `logprob_abs_diff_vs_rollout` check.
+update: for the first mini-batch they are the detached log-probs of its own forward (ratio 1, the
+plain policy gradient); for later ones, which are off-policy and where the clip (and clip-higher)
+binds, a no-grad pass computes them before the first update. With `old_logprobs: rollout` the
+rollout engine's log-probs stand in for them and that pass is skipped. Otherwise the rollout
+engine's log-probs enter only through the truncated importance-sampling weights and the
+`logprob_abs_diff_vs_rollout` check.
 """
 
 from __future__ import annotations
@@ -94,6 +96,16 @@ def _batches(minibatch: MiniBatch, config: LearnerRunConfig, spec: ModelSpec) ->
 @torch.no_grad()
 def _old_logprobs(model: Any, batches: list[PolicyBatch], device: torch.device) -> list[torch.Tensor]:
     return [token_logprobs(model, batch, device, with_entropy=False)[0] for batch in batches]
+
+
+def old_policy_logprobs(
+    model: Any, chunked: list[list[PolicyBatch]], config: LearnerRunConfig, device: torch.device
+) -> list[list[torch.Tensor] | None]:
+    """Per mini-batch, the old policy's log-probs of each micro-batch, or None where the
+    mini-batch's own forward gives them (the first one, before any update)."""
+    if config.old_logprobs == "rollout":
+        return [[batch.rollout_logprobs.to(device) for batch in batches] for batches in chunked]
+    return [None, *(_old_logprobs(model, batches, device) for batches in chunked[1:])]
 
 
 def _accumulate_gradients(
@@ -180,7 +192,7 @@ def train_step(
     """One optimiser step per mini-batch, starting at optimiser step `step`. Every rank holds the
     same number of items per mini-batch (padding copies have weight 0). Collective."""
     chunked = [_batches(minibatch, config, spec) for minibatch in minibatches]
-    old = [_old_logprobs(model, batches, ctx.device) for batches in chunked] if len(chunked) > 1 else None
+    old = old_policy_logprobs(model, chunked, config, ctx.device)  # before the first update
     totals = torch.zeros(len(_SUMS), dtype=torch.float64)
     max_abs_diff = 0.0
     losses, pg_losses, kls, grad_norms, num_skipped = [], [], [], [], 0
@@ -188,7 +200,7 @@ def train_step(
     try:
         for index, (minibatch, batches) in enumerate(zip(minibatches, chunked, strict=True)):
             sums, max_diff = _accumulate_gradients(
-                model, batches, minibatch.totals, old[index] if old else None, config, ctx
+                model, batches, minibatch.totals, old[index], config, ctx
             )
             all_reduce(sums)
             all_reduce(max_diff, op="max")

@@ -6,12 +6,15 @@ import dataclasses
 import json
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from services.common.trajectory import Trajectory
+from services.learner.batch import collate, prepare_batch
+from services.learner.policy import load_base_model, token_logprobs
 from tests.learner.conftest import adapter_weights, base_weights
 
 FAST = {"learning_rate": 0.01, "micro_batch_size": 4}
@@ -157,3 +160,38 @@ def test_several_minibatches_take_one_optimizer_step_each_and_clip_the_off_polic
     # After the first mini-batch's update, the policy has moved: ratios leave [0.8, 1.28].
     assert 0.0 < second["train/clip_fraction"] < 1.0
     assert driver.state("run").step == 6
+
+
+def _with_learner_logprobs(driver: Any, trajectories: list[Trajectory], model_dir: Path) -> list[Trajectory]:
+    """The trajectories with the base model's own log-probs as their rollout log-probs: what an
+    engine that computes exactly what the learner does would report for adapter version 0."""
+    engine, model = driver.engine, load_base_model(model_dir)
+    own = []
+    for traj in trajectories:
+        [item] = prepare_batch([traj], engine.spec, engine.frames)
+        batch = collate([item], engine.spec.pad_token_id, engine.spec.image_token_id)
+        with torch.no_grad():
+            logprobs, _ = token_logprobs(model, batch, "cpu", with_entropy=False)
+        values = list(traj.logprobs)
+        for j, column in enumerate(batch.target_cols.tolist()):
+            values[column] = float(logprobs[0, j])
+        own.append(dataclasses.replace(traj, logprobs=tuple(values)))
+    return own
+
+
+def test_rollout_logprobs_as_the_old_policy_give_the_learners_step_when_they_agree(
+    make_driver: Callable[..., Any], trajectories: list[Trajectory], tiny_model_dir: Path
+) -> None:
+    own = _with_learner_logprobs(make_driver(), trajectories, tiny_model_dir)
+    adapters = {}
+    for source in ("learner", "rollout"):
+        driver = _configure(make_driver, learning_rate=0.05, num_minibatches=3, old_logprobs=source)
+        metrics = driver.train_step("run", own).metrics  # sampled by version 0: the learner's own
+        assert metrics["train/logprob_abs_diff_vs_rollout_max"] < 1e-5
+        adapters[source] = adapter_weights(driver)
+    for name, weight in adapters["learner"].items():
+        assert torch.allclose(weight, adapters["rollout"][name], atol=1e-5), name
+
+    # Log-probs that disagree with the learner's are used as they are: even one mini-batch clips.
+    driver = _configure(make_driver, learning_rate=0.05, old_logprobs="rollout")
+    assert driver.train_step("run", trajectories).metrics["train/clip_fraction"] > 0.0
