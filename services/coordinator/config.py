@@ -96,10 +96,16 @@ class LoraSettings(_Strict):
 
 
 class OptimSettings(_Strict):
-    """AdamW with linear warm-up."""
+    """AdamW with linear warm-up, then a constant or cosine-decaying learning rate."""
 
     learning_rate: float = Field(1e-4, gt=0.0, le=1.0, description="Peak learning rate.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up, in optimiser steps.")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="After the warm-up: constant, or cosine decay over the run's `steps`."
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0.0, le=1.0, description="Cosine: final learning rate as a fraction of the peak."
+    )
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     micro_batch_size: int = Field(16, ge=1, description="Trajectories per forward/backward.")
@@ -149,10 +155,13 @@ class RunConfig(_Strict):
     )
 
     @model_validator(mode="after")
-    def _async_rollout_constraints(self) -> RunConfig:
+    def _consistent(self) -> RunConfig:
         if self.colocated and self.grpo.async_rollout:
             raise ValueError("grpo.async_rollout samples while the learner trains; "
                              "a colocated rollout engine sleeps then (set one of them false)")
+        if self.optim.lr_schedule == "cosine" and self.optim.warmup_steps >= self.steps * self.optim.num_minibatches:
+            raise ValueError("optim.warmup_steps must be shorter than the run "
+                             "(steps x num_minibatches optimiser steps) to leave room for the cosine decay")
         if self.grpo.async_rollout and self.grpo.old_logprobs == "rollout":
             raise ValueError("grpo.async_rollout samples with the version before the learner's, so the "
                              "rollout log-probs are not the old policy (set grpo.old_logprobs: learner)")
@@ -170,6 +179,7 @@ class RunConfig(_Strict):
             "lora_dropout": self.lora.dropout,
             "learning_rate": self.optim.learning_rate,
             "warmup_steps": self.optim.warmup_steps,
+            "lr_schedule": self.optim.lr_schedule,
             "weight_decay": self.optim.weight_decay,
             "max_grad_norm": self.optim.max_grad_norm,
             "micro_batch_size": self.optim.micro_batch_size,
@@ -184,6 +194,9 @@ class RunConfig(_Strict):
         }
         if self.lora.target_modules is not None:
             cfg["lora_target_modules"] = self.lora.target_modules
+        if self.optim.lr_schedule == "cosine":  # the learner counts optimiser steps
+            cfg["total_steps"] = self.steps * self.optim.num_minibatches
+            cfg["min_lr_ratio"] = self.optim.min_lr_ratio
         return cfg
 
 

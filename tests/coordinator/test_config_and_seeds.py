@@ -38,7 +38,25 @@ def test_unknown_keys_are_refused() -> None:
 def test_async_rollout_is_refused_with_a_colocated_engine() -> None:
     with pytest.raises(ValidationError, match="async_rollout"):
         RunConfig.model_validate({"model": "m", "colocated": True, "grpo": {"async_rollout": True}})
+    with pytest.raises(ValidationError, match="old_logprobs"):
+        RunConfig.model_validate({"model": "m", "grpo": {"async_rollout": True, "old_logprobs": "rollout"}})
     assert RunConfig.model_validate({"model": "m", "grpo": {"async_rollout": True}}).grpo.async_rollout
+
+
+def test_a_cosine_schedule_decays_over_the_runs_optimiser_steps() -> None:
+    from services.learner.config import LearnerRunConfig
+    from services.learner.optim import learning_rate_at
+
+    run = load_run_config(ROOT / "configs" / "maze-tiny-cpu.yaml", {
+        "steps": 10, "optim.num_minibatches": 4, "optim.warmup_steps": 2, "optim.learning_rate": 0.002,
+        "optim.lr_schedule": "cosine", "optim.min_lr_ratio": 0.1})
+    learner = LearnerRunConfig.model_validate(run.learner_config())
+    assert learner.total_steps == 40
+    assert learning_rate_at(2, learner) == pytest.approx(0.002)
+    assert 0.0002 < learning_rate_at(39, learner) < 0.00021  # the run's last optimiser step
+    with pytest.raises(ValidationError, match="warmup_steps"):
+        load_run_config(ROOT / "configs" / "maze-tiny-cpu.yaml", {
+            "steps": 2, "optim.num_minibatches": 1, "optim.warmup_steps": 2, "optim.lr_schedule": "cosine"})
 
 
 def test_the_seeds_of_a_step_are_a_pure_function_of_run_seed_and_step() -> None:
