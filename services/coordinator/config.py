@@ -70,6 +70,11 @@ class GrpoSettings(_Strict):
     max_sampling_rounds: int = Field(
         3, ge=1, le=32, description="With dynamic sampling: at most this many rounds of B mazes per step."
     )
+    extra_mazes: int = Field(
+        0, ge=0, le=1024,
+        description="With dynamic sampling: mazes played per round beyond those still needed, so that "
+                    "dropped groups are replaced in the same round instead of a later one.",
+    )
     old_logprobs: Literal["learner", "rollout"] = Field(
         "learner",
         description="Old policy of the PPO ratio over several mini-batches: the learner's log-probs "

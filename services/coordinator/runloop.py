@@ -227,18 +227,21 @@ class SampledStep:
 
 async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling: Sampling,
                       eval_seeds: set[int]) -> SampledStep:
-    """Plays the B groups of one step with one adapter version. With dynamic sampling, groups
-    whose rewards are all equal are dropped and replaced by new mazes, for at most
-    `max_sampling_rounds` rounds (the last round's groups are kept whatever their rewards)."""
+    """Plays the B groups of one step with one adapter version. With dynamic sampling, each round
+    plays the mazes still needed plus `extra_mazes`; groups whose rewards are all equal are
+    dropped, and the informative ones fill the batch in play order. After `max_sampling_rounds`
+    rounds, dropped groups of the last round fill what is left."""
     cfg = ctx.config
     timers = Timers()
     groups: list[list[EpisodeResult]] = []
-    num_dropped = 0
+    uninformative: list[list[EpisodeResult]] = []
     num_played = 0
-    rounds = cfg.grpo.max_sampling_rounds if cfg.grpo.dynamic_sampling else 1
+    dynamic = cfg.grpo.dynamic_sampling
+    rounds = cfg.grpo.max_sampling_rounds if dynamic else 1
     for round_index in range(rounds):
         needed = cfg.grpo.mazes_per_step - len(groups)
-        seeds = step_seeds(cfg.seed, step, round_index, needed, eval_seeds)
+        seeds = step_seeds(cfg.seed, step, round_index, needed + (cfg.grpo.extra_mazes if dynamic else 0),
+                           eval_seeds)
         specs = [env_pb2.EpisodeSpec(seed=s, max_moves=cfg.env.max_moves, options=cfg.env.spec_options())
                  for s in seeds]
         episodes = await play_episodes(
@@ -247,17 +250,16 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
             system_prompt=cfg.system_prompt, max_turns=cfg.turn_limit,
             seed=cfg.seed * 100_003 + step * 101 + round_index, timers=timers)
         num_played += len(episodes)
-        last_round = round_index + 1 == rounds
-        for g in range(len(seeds)):
-            group = episodes[g * cfg.grpo.group_size:(g + 1) * cfg.grpo.group_size]
-            if not last_round and not is_informative([e.reward for e in group]):
-                num_dropped += 1  # no signal: replaced by a maze of the next round
-                continue
-            groups.append(group)
+        played = [episodes[g * cfg.grpo.group_size:(g + 1) * cfg.grpo.group_size] for g in range(len(seeds))]
+        keep = [g for g in played if not dynamic or is_informative([e.reward for e in g])]
+        uninformative = [g for g in played if dynamic and not is_informative([e.reward for e in g])]
+        groups.extend(keep[:needed])
         if len(groups) >= cfg.grpo.mazes_per_step:
             break
-    return SampledStep(groups=groups[: cfg.grpo.mazes_per_step], adapter_version=adapter_version,
-                       num_played=num_played, num_dropped=num_dropped, timers=timers)
+    groups.extend(uninformative[: cfg.grpo.mazes_per_step - len(groups)])  # no signal, but a full batch
+    num_groups_played = num_played // cfg.grpo.group_size
+    return SampledStep(groups=groups, adapter_version=adapter_version, num_played=num_played,
+                       num_dropped=num_groups_played - len(groups), timers=timers)
 
 
 async def publish_and_load(ctx: RunContext, timers: Timers) -> int:

@@ -1,0 +1,64 @@
+"""Dynamic sampling (`sample_step`) with a stand-in for the turn loop: which groups a step keeps."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from mmrl.v1 import env_pb2
+from services.coordinator import runloop
+from services.coordinator.config import RunConfig
+from services.coordinator.episodes import EpisodeResult, Sampling
+
+
+def _step(monkeypatch: pytest.MonkeyPatch, informative: set[int], **grpo: Any) -> tuple[runloop.SampledStep, list[int]]:
+    """Runs sample_step where the n-th maze played (over all rounds) is informative iff n is in
+    `informative`; returns the step and the number of mazes played per round."""
+    played: list[int] = []
+    per_round: list[int] = []
+
+    async def play(_services: Any, _tok: Any, _chat: Any, specs: list[env_pb2.EpisodeSpec], *,
+                   samples_per_spec: int, **_: Any) -> list[EpisodeResult]:
+        per_round.append(len(specs))
+        episodes = []
+        for spec in specs:
+            n = len(played)
+            played.append(n)
+            for k in range(samples_per_spec):
+                reward = float(k % 2) if n in informative else 0.0
+                episodes.append(EpisodeResult(spec=spec, group_index=n, conversation=None,  # type: ignore[arg-type]
+                                              reward=reward, episode_id=f"maze{n}"))
+        return episodes
+
+    monkeypatch.setattr(runloop, "play_episodes", play)
+    config = RunConfig.model_validate({"model": "m", "grpo": {
+        "group_size": 2, "mazes_per_step": 4, "dynamic_sampling": True, **grpo}})
+    ctx = runloop.RunContext(run_id="r", config=config, services=None, store=None,  # type: ignore[arg-type]
+                             shared_root=None, tokenizer=None, chat=None)  # type: ignore[arg-type]
+    step = asyncio.run(runloop.sample_step(ctx, 1, 0, Sampling(1.0, 1.0, 4), set()))
+    return step, per_round
+
+
+def _mazes(step: runloop.SampledStep) -> list[int]:
+    return [group[0].group_index for group in step.groups]
+
+
+def test_dropped_groups_are_replaced_by_a_later_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    step, per_round = _step(monkeypatch, informative={0, 2, 4, 5}, max_sampling_rounds=3)
+    assert per_round == [4, 2] and _mazes(step) == [0, 2, 4, 5]
+    assert step.num_dropped == 2 and step.num_played == 12
+
+
+def test_extra_mazes_replace_dropped_groups_in_the_same_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    step, per_round = _step(monkeypatch, informative={0, 2, 4, 5}, max_sampling_rounds=1, extra_mazes=2)
+    assert per_round == [6] and _mazes(step) == [0, 2, 4, 5]
+    assert step.num_dropped == 2
+
+
+def test_the_last_round_fills_the_batch_with_dropped_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    step, per_round = _step(monkeypatch, informative={1, 5}, max_sampling_rounds=2, extra_mazes=1)
+    # Round 1: mazes 0-4, only 1 informative; round 2: 3 needed + 1 extra = mazes 5-8, 5 informative.
+    assert per_round == [5, 4] and _mazes(step) == [1, 5, 6, 7]
+    assert step.num_dropped == 9 - 4
