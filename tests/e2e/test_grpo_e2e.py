@@ -101,7 +101,8 @@ def test_a_short_grpo_run_publishes_loads_and_records_everything(stack: Stack, t
 
 def test_async_rollout_samples_the_next_step_with_the_version_before(stack: Stack, tiny_model_dir: Path) -> None:
     api = ApiClient(stack.api_url)
-    run_id = api.start(_config(tiny_model_dir, steps=4, **{"grpo.async_rollout": True, "grpo.tis_cap": 2.0}))["id"]
+    run_id = api.start(_config(tiny_model_dir, steps=4, **{
+        "grpo.async_rollout": True, "grpo.tis_cap": 2.0, "grpo.old_logprobs": "learner"}))["id"]
     run = _wait(api, run_id, lambda r: r["state"] == "succeeded")
     assert run["step"] == 4
     metrics = api.request("GET", f"/v1/runs/{run_id}/metrics")["metrics"]

@@ -152,3 +152,25 @@ def test_run_config_rejects_unknown_fields_and_out_of_range_values() -> None:
     with pytest.raises(ValueError, match="total_steps"):
         LearnerRunConfig(lr_schedule="cosine")
     assert LearnerRunConfig.from_json("") == LearnerRunConfig()
+
+
+@pytest.mark.parametrize(("mode", "expected_sign"), [("token_mean", -1.0), ("sequence_mean", 0.0)])
+def test_only_sequence_mean_leaves_the_end_of_turn_token_without_a_length_driven_push(
+    mode: str, expected_sign: float
+) -> None:
+    # One group: a solved episode of 4 turns (advantage +1) and a failed one of 10 turns (-1).
+    # Every turn generates an action token and an end-of-turn token, so the end-of-turn tokens
+    # get the summed weight * advantage of half the trajectory's generated tokens.
+    turns = [4, 10]
+    advantages = torch.tensor([[1.0], [-1.0]])
+    mask = torch.zeros(2, 20)
+    for row, n in enumerate(turns):
+        mask[row, : 2 * n] = 1.0
+    weights = aggregation_weights(mask, mode, num_tokens=int(mask.sum()), num_sequences=2)  # type: ignore[arg-type]
+    push = float((weights * advantages * mask).sum() / 2)  # the end-of-turn half of the push
+    # token_mean: the longer, failed episode outweighs the solved one and the model is taught to
+    # stop ending its turns; sequence_mean: each trajectory weighs 1/S whatever its length.
+    if expected_sign:
+        assert math.copysign(1.0, push) == expected_sign and abs(push) > 0.1
+    else:
+        assert push == pytest.approx(0.0, abs=1e-6)
