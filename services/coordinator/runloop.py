@@ -7,9 +7,9 @@ maze seeds of a step are a function of (run seed, step), so each step is recorde
 
 With `grpo.async_rollout` the episodes of step s+1 are played while the learner trains on step s,
 by adapter version s-1 (the one step s started from): the learner, at version s when it trains on
-them, is one version ahead of the policy that sampled its batch (truncated importance sampling, `grpo.tis_cap`, corrects for
-it). Replicas load a new version only between two steps' sampling. A replayed step after a
-restart is sampled by the restored version, so it is on-policy.
+them, is one version ahead of the policy that sampled its batch (truncated importance sampling,
+`grpo.tis_cap`, corrects for it). Replicas load a new version only between two steps' sampling.
+A replayed step after a restart is sampled by the restored version, so it is on-policy.
 """
 
 from __future__ import annotations
