@@ -130,7 +130,6 @@ async def execute_run(ctx: RunContext) -> RunState:
         await evaluate(ctx, plan, step=0, adapter_version=adapter_version, timers=Timers())
 
     sampling = Sampling(cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.max_tokens)
-    ahead = cfg.grpo.async_rollout  # (never with colocated: the config refuses both)
     pending: asyncio.Task[SampledStep] | None = None  # the next step's episodes, sampled during training
     try:
         for step in range(start_step + 1, cfg.steps + 1):
@@ -160,7 +159,7 @@ async def execute_run(ctx: RunContext) -> RunState:
             training = asyncio.create_task(learner.call(
                 "TrainStep", learner.stub.TrainStep,
                 learner_pb2.TrainStepRequest(run_id=run_id, trajectories=[t.to_proto() for t in trajectories])))
-            if ahead and step < cfg.steps:
+            if cfg.grpo.async_rollout and step < cfg.steps:  # (never colocated: the config refuses both)
                 pending = asyncio.create_task(sample_step(ctx, step + 1, adapter_version, sampling, eval_seeds))
             train = await training
             timers.add("train", started)
@@ -250,9 +249,12 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
             system_prompt=cfg.system_prompt, max_turns=cfg.turn_limit,
             seed=cfg.seed * 100_003 + step * 101 + round_index, timers=timers)
         num_played += len(episodes)
-        played = [episodes[g * cfg.grpo.group_size:(g + 1) * cfg.grpo.group_size] for g in range(len(seeds))]
-        keep = [g for g in played if not dynamic or is_informative([e.reward for e in g])]
-        uninformative = [g for g in played if dynamic and not is_informative([e.reward for e in g])]
+        keep: list[list[EpisodeResult]] = []
+        uninformative = []
+        for g in range(len(seeds)):
+            group = episodes[g * cfg.grpo.group_size:(g + 1) * cfg.grpo.group_size]
+            informative = not dynamic or is_informative([e.reward for e in group])
+            (keep if informative else uninformative).append(group)
         groups.extend(keep[:needed])
         if len(groups) >= cfg.grpo.mazes_per_step:
             break
