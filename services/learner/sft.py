@@ -3,9 +3,9 @@ trained on the action tokens only, with the learner's batch and log-prob code.
 
 Data. Each conversation is played against the env service (gRPC): the system turn, then per turn
 the frame + observation text and the expert action (`info["optimal_action"]`, the BFS oracle's
-next move). With `perturb_prob` > 0 a turn may instead take a random non-optimal move that is *not*
-trained on, so the expert's recovery from detours and wall bumps ("You hit a wall.") is in the
-data. Conversations are token ids built exactly as the coordinator builds them
+next move). With `perturb_prob` > 0 a turn may instead start a detour: 1..`detour_moves` random
+non-optimal moves that are *not* trained on, so the expert's recovery from detours, dead ends and
+wall bumps ("You hit a wall.") is in the data. Conversations are token ids built exactly as the coordinator builds them
 (services.common.conversation), with image placeholders expanded to the processor's token count,
 so SFT and GRPO see identical prompts.
 
@@ -41,9 +41,11 @@ from services.common.trajectory import Trajectory
 from services.env.evalset import TRAIN_SEED_LIMIT  # seeds at or above it are reserved for eval sets
 from services.learner.batch import ModelSpec, collate, decode_image, prepare_batch
 from services.learner.policy import load_base_model, load_processor, token_logprobs
+from services.learner.trainer import micro_batches
 
 log = logging.getLogger("mmrl.learner.sft")
 ACTIONS = ("up", "down", "left", "right")
+_ADDED_LATER = ("detour_moves",)
 
 
 class SftConfig(BaseModel):
@@ -58,6 +60,9 @@ class SftConfig(BaseModel):
     num_mazes: int = Field(2000, ge=1, description="Distinct training mazes (seeds first_seed..).")
     first_seed: int = Field(500_000, ge=0, lt=1_000_000, description="First training seed (< 1e6: never eval).")
     perturb_prob: float = Field(0.0, ge=0.0, lt=1.0, description="Chance of an untrained random move per turn.")
+    detour_moves: int = Field(
+        1, ge=1, le=20, description="A detour lasts 1..detour_moves random moves (longer ones lead into dead ends)."
+    )
     updates: int = Field(300, ge=0, description="Optimiser updates (the SFT budget).")
     batch_size: int = Field(16, ge=1, description="Conversations per update.")
     micro_batch_size: int = Field(16, ge=1, description="Conversations per forward/backward.")
@@ -82,7 +87,9 @@ class SftConfig(BaseModel):
         """Identifies the checkpoint this config produces (used to reuse a cached SFT)."""
         import hashlib
 
-        return hashlib.sha256(self.model_dump_json(exclude={"out", "save_at"}).encode()).hexdigest()[:16]
+        # Fields added later count only when set, so earlier checkpoints keep their fingerprint.
+        added_later = {name for name in _ADDED_LATER if getattr(self, name) == type(self).model_fields[name].default}
+        return hashlib.sha256(self.model_dump_json(exclude={"out", "save_at", *added_later}).encode()).hexdigest()[:16]
 
 
 def expert_conversations(
@@ -102,6 +109,7 @@ def expert_conversations(
             created = stub.CreateEpisodes(env_pb2.CreateEpisodesRequest(specs=specs), timeout=120)
             convs = {}
             states = {}
+            detour_left: dict[str, int] = {}  # random moves still to play, per episode
             for spec, state in zip(specs, created.episodes, strict=True):
                 conv = TokenConversation(chat)
                 conv.add_system(tokenizer, config.system_prompt)
@@ -112,7 +120,12 @@ def expert_conversations(
                 for episode_id, (_spec, state) in states.items():
                     info = MessageToDict(state.info)
                     expert = str(info["optimal_action"])
-                    detour = rng.random() < config.perturb_prob and expert != "stop"
+                    detour = expert != "stop" and (detour_left.get(episode_id, 0) > 0
+                                                   or rng.random() < config.perturb_prob)
+                    if detour and not detour_left.get(episode_id):
+                        detour_left[episode_id] = rng.randint(1, config.detour_moves) if config.detour_moves > 1 else 1
+                    if detour:
+                        detour_left[episode_id] -= 1
                     action = rng.choice([a for a in ACTIONS if a != expert]) if detour else expert
                     conv = convs[episode_id]
                     frames = [img.data for img in state.observation.images]
@@ -185,8 +198,8 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
         total_tokens = sum(p.num_generated for p in picked)
         optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
-        for first in range(0, len(picked), config.micro_batch_size):
-            batch = collate(picked[first:first + config.micro_batch_size], spec.pad_token_id, spec.image_token_id)
+        for chunk in micro_batches(picked, config.micro_batch_size):
+            batch = collate(chunk, spec.pad_token_id, spec.image_token_id)
             logprobs, _ = token_logprobs(model, batch, "cpu", with_entropy=False)
             loss = -(logprobs * batch.loss_mask).sum() / total_tokens
             loss.backward()

@@ -76,7 +76,11 @@ _SUMS = ("loss", "pg_loss", "kl", "clipped", "entropy", "abs_diff", "generated",
 
 
 def micro_batches(items: Sequence[PreparedTrajectory], size: int) -> list[list[PreparedTrajectory]]:
-    return [list(items[i : i + size]) for i in range(0, len(items), size)]
+    """Chunks of `size` trajectories of similar length: sorted by token count first, so a chunk is
+    padded only to its own longest trajectory (multi-turn episodes range from a few turns to
+    `max_moves` turns). The step does not depend on how trajectories are grouped (see above)."""
+    ordered = sorted(items, key=lambda item: item.num_tokens)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
 def set_lora_dropout(model: Any, training: bool) -> None:

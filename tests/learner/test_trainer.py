@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from collections.abc import Callable
@@ -56,23 +57,58 @@ def test_kl_to_the_reference_is_zero_while_the_adapter_is_zero(
     assert second["train/loss"] == pytest.approx(second["train/pg_loss"] + 0.5 * second["train/kl"], rel=1e-5)
 
 
+@pytest.fixture
+def mixed_lengths(tokenizer: Any, trajectories: list[Trajectory]) -> list[Trajectory]:
+    """The 3-turn trajectories with 1- and 2-turn episodes in between: micro-batches are sorted by
+    length, so their composition differs from the batch order."""
+    from services.common.conversation import ChatTokens
+    from services.learner import synthetic
+
+    generate = synthetic.fake_generator(ChatTokens.from_tokenizer(tokenizer), tokenizer, tokens_per_image=25)
+    short = [synthetic.play_episodes(generate, tokenizer, num_groups=1, group_size=2, num_turns=turns, seed=turns)
+             for turns in (1, 2)]
+    played = [trajectories[0], *short[0], *trajectories[1:4], *short[1], *trajectories[4:]]
+    return synthetic.with_advantages(played, [1.0, -0.5, 0.25, -1.0, 0.75, 0.5, 0.3, -0.2, 0.6, -0.9])
+
+
+def test_micro_batches_group_trajectories_of_similar_length(
+    mixed_lengths: list[Trajectory], tiny_model_dir: Path
+) -> None:
+    from services.learner.batch import FrameProcessor, ModelSpec
+    from services.learner.policy import load_processor
+    from services.learner.trainer import micro_batches
+
+    spec = ModelSpec.from_config(load_base_model(tiny_model_dir).config)
+    items = prepare_batch(mixed_lengths, spec, FrameProcessor(load_processor(tiny_model_dir).image_processor))
+    chunks = micro_batches(items, 4)
+    assert [len(c) for c in chunks] == [4, 4, 2]
+    assert sorted(i.trajectory_id for c in chunks for i in c) == sorted(t.trajectory_id for t in mixed_lengths)
+    widths = [[i.num_tokens for i in c] for c in chunks]
+    assert all(max(a) <= min(b) for a, b in itertools.pairwise(widths))
+    padded = sum(len(c) * max(w) for c, w in zip(chunks, widths, strict=True))
+    unsorted = sum(len(c) * max(i.num_tokens for i in c) for c in (items[0:4], items[4:8], items[8:]))
+    assert padded < unsorted
+
+
 @pytest.mark.parametrize("loss_agg", ["token_mean", "sequence_mean"])
 def test_the_step_does_not_depend_on_the_micro_batch_size(
-    loss_agg: str, make_driver: Callable[..., Any], trajectories: list[Trajectory]
+    loss_agg: str, make_driver: Callable[..., Any], mixed_lengths: list[Trajectory]
 ) -> None:
+    trajectories = mixed_lengths
     results = []
-    for micro_batch_size in (1, 6):
+    for micro_batch_size in (1, 3, 10):
         # A large Adam epsilon keeps updates proportional to small gradients (no sign-like steps
         # that amplify summation-order noise), so the weights check the normalisation too.
         driver = _configure(make_driver, micro_batch_size=micro_batch_size, loss_agg=loss_agg, adam_eps=1e-3)
         metrics = [driver.train_step("run", trajectories).metrics for _ in range(2)]
         results.append((metrics, adapter_weights(driver)))
-    (metrics_a, adapter_a), (metrics_b, adapter_b) = results
-    for step_a, step_b in zip(metrics_a, metrics_b, strict=True):
-        for key in ("train/loss", "train/grad_norm", "train/entropy", "train/logprob_abs_diff_vs_rollout"):
-            assert step_a[key] == pytest.approx(step_b[key], rel=1e-5, abs=1e-7), key
-    for name in adapter_a:
-        torch.testing.assert_close(adapter_a[name], adapter_b[name], rtol=1e-4, atol=1e-6)
+    metrics_a, adapter_a = results[0]
+    for metrics_b, adapter_b in results[1:]:
+        for step_a, step_b in zip(metrics_a, metrics_b, strict=True):
+            for key in ("train/loss", "train/grad_norm", "train/entropy", "train/logprob_abs_diff_vs_rollout"):
+                assert step_a[key] == pytest.approx(step_b[key], rel=1e-5, abs=1e-7), key
+        for name in adapter_a:
+            torch.testing.assert_close(adapter_a[name], adapter_b[name], rtol=1e-4, atol=1e-6)
 
 
 def test_a_non_finite_loss_skips_the_optimiser_step_and_leaves_weights_unchanged(
