@@ -5,9 +5,9 @@ Data. Each conversation is played against the env service (gRPC): the system tur
 the frame + observation text and the expert action (`info["optimal_action"]`, the BFS oracle's
 next move). With `perturb_prob` > 0 a turn may instead start a detour: 1..`detour_moves` random
 non-optimal moves that are *not* trained on, so the expert's recovery from detours, dead ends and
-wall bumps ("You hit a wall.") is in the data. Conversations are token ids built exactly as the coordinator builds them
-(services.common.conversation), with image placeholders expanded to the processor's token count,
-so SFT and GRPO see identical prompts.
+wall bumps ("You hit a wall.") is in the data. Conversations are token ids built exactly as the
+coordinator builds them (services.common.conversation), with image placeholders expanded to the
+processor's token count, so SFT and GRPO see identical prompts.
 
 Training is a full fine-tune (every weight of the model, vision tower included) with the token-mean
 negative log-likelihood of the action tokens (<|im_end|> included), AdamW and linear warm-up. The
@@ -120,12 +120,12 @@ def expert_conversations(
                 for episode_id, (_spec, state) in states.items():
                     info = MessageToDict(state.info)
                     expert = str(info["optimal_action"])
-                    detour = expert != "stop" and (detour_left.get(episode_id, 0) > 0
-                                                   or rng.random() < config.perturb_prob)
-                    if detour and not detour_left.get(episode_id):
-                        detour_left[episode_id] = rng.randint(1, config.detour_moves) if config.detour_moves > 1 else 1
-                    if detour:
-                        detour_left[episode_id] -= 1
+                    left = detour_left.get(episode_id, 0)
+                    if left == 0 and expert != "stop" and rng.random() < config.perturb_prob:
+                        # No length draw for one-move detours: the default keeps its earlier data.
+                        left = rng.randint(1, config.detour_moves) if config.detour_moves > 1 else 1
+                    detour = left > 0
+                    detour_left[episode_id] = max(left - 1, 0)
                     action = rng.choice([a for a in ACTIONS if a != expert]) if detour else expert
                     conv = convs[episode_id]
                     frames = [img.data for img in state.observation.images]

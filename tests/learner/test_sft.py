@@ -93,7 +93,7 @@ def _untrained_runs(config: SftConfig, tokenizer_dir: Path) -> tuple[list[int], 
 def test_detours_of_several_moves_lead_the_expert_data_off_the_path(tiny_model_dir: Path) -> None:
     common = {"base_model": "m", "out": "o", "num_mazes": 48, "perturb_prob": 0.1}
     single, single_ids = _untrained_runs(SftConfig(**common), tiny_model_dir)
-    explicit, explicit_ids = _untrained_runs(SftConfig(**common, detour_moves=1), tiny_model_dir)
+    _, explicit_ids = _untrained_runs(SftConfig(**common, detour_moves=1), tiny_model_dir)
     longer, _ = _untrained_runs(SftConfig(**common, detour_moves=4), tiny_model_dir)
     assert explicit_ids == single_ids  # the default plays exactly the data it played before the setting existed
     assert SftConfig(**common).fingerprint() == SftConfig(**common, detour_moves=1).fingerprint()
