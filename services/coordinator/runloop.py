@@ -27,7 +27,12 @@ from typing import Any
 from mmrl.v1 import env_pb2, learner_pb2, rollout_pb2
 from services.common.conversation import ChatTokens, Tokenizer
 from services.common.trajectory import Trajectory
-from services.coordinator.advantages import group_advantages, is_informative, per_token_advantages
+from services.coordinator.advantages import (
+    discounted_return,
+    group_advantages,
+    is_informative,
+    per_token_advantages,
+)
 from services.coordinator.clients import Services
 from services.coordinator.config import RunConfig
 from services.coordinator.episodes import EpisodeResult, Sampling, Timers, play_episodes
@@ -64,10 +69,17 @@ def step_seeds(run_seed: int, step: int, round_index: int, count: int, exclude: 
     return seeds
 
 
-def to_trajectories(groups: list[list[EpisodeResult]], normalize: str, step: int) -> list[Trajectory]:
+def group_returns(group: list[EpisodeResult], discount: float) -> list[float]:
+    """The returns the advantages of a group are computed from (the reward, discounted by turns)."""
+    return [discounted_return(e.reward, max(1, len(e.actions)), discount) for e in group]
+
+
+def to_trajectories(
+    groups: list[list[EpisodeResult]], normalize: str, step: int, discount: float = 1.0
+) -> list[Trajectory]:
     trajectories = []
     for g, group in enumerate(groups):
-        advantages = group_advantages([e.reward for e in group], normalize)  # type: ignore[arg-type]
+        advantages = group_advantages(group_returns(group, discount), normalize)  # type: ignore[arg-type]
         for k, (episode, advantage) in enumerate(zip(group, advantages, strict=True)):
             conv = episode.conversation
             trajectories.append(Trajectory(
@@ -149,7 +161,7 @@ async def execute_run(ctx: RunContext) -> RunState:
             groups, timers = sampled.groups, sampled.timers
 
             # 4. Group-relative advantages on the coordinator; the learner only sees per-token arrays.
-            trajectories = to_trajectories(groups, cfg.grpo.advantage_norm, step)
+            trajectories = to_trajectories(groups, cfg.grpo.advantage_norm, step, cfg.grpo.discount)
 
             # 5. Train (rollout engine asleep in colocated mode; with async_rollout the next step is
             #    sampled meanwhile, by the policy of this step's start), publish, 6. load on every replica.
@@ -181,7 +193,8 @@ async def execute_run(ctx: RunContext) -> RunState:
                 "episodes/num_played": sampled.num_played,
                 "episodes/turns_mean": sum(len(e.actions) for e in flat) / len(flat),
                 "groups/num": len(groups),
-                "groups/num_informative": sum(is_informative([e.reward for e in g]) for g in groups),
+                "groups/num_informative": sum(
+                    is_informative(group_returns(g, cfg.grpo.discount)) for g in groups),
                 "groups/num_dropped": sampled.num_dropped,
                 "tokens/generated": sum(sum(t.loss_mask) for t in trajectories),
                 "adapter/sampled_with": sampled_with,
@@ -253,7 +266,7 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
         uninformative = []
         for g in range(len(seeds)):
             group = episodes[g * cfg.grpo.group_size:(g + 1) * cfg.grpo.group_size]
-            informative = not dynamic or is_informative([e.reward for e in group])
+            informative = not dynamic or is_informative(group_returns(group, cfg.grpo.discount))
             (keep if informative else uninformative).append(group)
         groups.extend(keep[:needed])
         if len(groups) >= cfg.grpo.mazes_per_step:

@@ -4,7 +4,12 @@ import math
 
 import pytest
 
-from services.coordinator.advantages import group_advantages, is_informative, per_token_advantages
+from services.coordinator.advantages import (
+    discounted_return,
+    group_advantages,
+    is_informative,
+    per_token_advantages,
+)
 
 
 def test_std_normalised_advantages_match_hand_computed_values() -> None:
@@ -39,3 +44,25 @@ def test_bad_inputs_raise_value_error() -> None:
         group_advantages([])
     with pytest.raises(ValueError):
         group_advantages([1.0], normalize="bogus")  # type: ignore[arg-type]
+
+
+def test_discounted_return_decays_with_the_turns_taken() -> None:
+    assert discounted_return(1.0, 1, 0.9) == 1.0
+    assert math.isclose(discounted_return(1.0, 7, 0.9), 0.9**6)
+    assert discounted_return(0.0, 20, 0.9) == 0.0
+    assert discounted_return(1.0, 12, 1.0) == 1.0  # no discount: the plain reward
+
+
+def test_with_a_discount_the_faster_of_two_solvers_gets_the_positive_advantage() -> None:
+    returns = [discounted_return(1.0, turns, 0.9) for turns in (6, 10)]
+    assert not is_informative([1.0, 1.0]) and is_informative(returns)
+    fast, slow = group_advantages(returns)
+    assert fast > 0 > slow
+
+
+def test_bad_discounts_and_turn_counts_raise_value_error() -> None:
+    for discount in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError):
+            discounted_return(1.0, 3, discount)
+    with pytest.raises(ValueError):
+        discounted_return(1.0, 0, 0.9)

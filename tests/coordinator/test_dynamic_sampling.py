@@ -13,9 +13,13 @@ from services.coordinator.config import RunConfig
 from services.coordinator.episodes import EpisodeResult, Sampling
 
 
-def _step(monkeypatch: pytest.MonkeyPatch, informative: set[int], **grpo: Any) -> tuple[runloop.SampledStep, list[int]]:
+def _step(
+    monkeypatch: pytest.MonkeyPatch, informative: set[int], all_solved: bool = False, **grpo: Any
+) -> tuple[runloop.SampledStep, list[int]]:
     """Runs sample_step where the n-th maze played (over all rounds) is informative iff n is in
-    `informative`; returns the step and the number of mazes played per round."""
+    `informative`; returns the step and the number of mazes played per round. By default the
+    episodes of an informative maze alternate between reward 0 and 1; with `all_solved` every episode
+    solves its maze, those of an informative maze in different numbers of moves."""
     played: list[int] = []
     per_round: list[int] = []
 
@@ -27,9 +31,10 @@ def _step(monkeypatch: pytest.MonkeyPatch, informative: set[int], **grpo: Any) -
             n = len(played)
             played.append(n)
             for k in range(samples_per_spec):
-                reward = float(k % 2) if n in informative else 0.0
+                reward = 1.0 if all_solved else float(k % 2) if n in informative else 0.0
+                moves = 4 + k if all_solved and n in informative else 4
                 episodes.append(EpisodeResult(spec=spec, group_index=n, conversation=None,  # type: ignore[arg-type]
-                                              reward=reward, episode_id=f"maze{n}"))
+                                              actions=["up"] * moves, reward=reward, episode_id=f"maze{n}"))
         return episodes
 
     monkeypatch.setattr(runloop, "play_episodes", play)
@@ -62,3 +67,14 @@ def test_the_last_round_fills_the_batch_with_dropped_groups(monkeypatch: pytest.
     # Round 1: mazes 0-4, only 1 informative; round 2: 3 needed + 1 extra = mazes 5-8, 5 informative.
     assert per_round == [5, 4] and _mazes(step) == [1, 5, 6, 7]
     assert step.num_dropped == 9 - 4
+
+
+def test_with_a_discount_solved_groups_of_different_lengths_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    step, _ = _step(monkeypatch, informative={1, 3, 4, 5}, all_solved=True, max_sampling_rounds=2, discount=0.9)
+    assert _mazes(step) == [1, 3, 4, 5] and step.num_dropped == 2
+
+
+def test_without_a_discount_groups_that_all_solve_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    step, _ = _step(monkeypatch, informative={1, 3, 4, 5}, all_solved=True, max_sampling_rounds=2)
+    assert step.num_dropped == 8 - 4  # no group informative: the batch is filled with dropped ones
+    assert _mazes(step) == [4, 5, 6, 7]
