@@ -15,6 +15,7 @@ from mmrl.cli.run import ApiClient, load_config_dict, parse_overrides, watch
 from mmrl.cli.sft import load_sft_config, run_sft
 from mmrl.cli.stack import Stack, StackConfig
 from mmrl.cli.up import DEFAULT_MODEL, ensure_tiny_model
+from services.rollout.config import lora_slot_rank
 
 
 def sft_checkpoint(args: argparse.Namespace, base_model: Path) -> tuple[Path, float, dict[str, Any]]:
@@ -59,7 +60,10 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "run_config.json", config)
 
-    stack = Stack(StackConfig(model=sft_model.resolve(), state_dir=args.state_dir))
+    # The rollout engine must hold adapters of the run's LoRA rank (it sizes its slots at start).
+    slot_rank = lora_slot_rank(int(config.get("lora", {}).get("rank", 16)))
+    stack = Stack(StackConfig(model=sft_model.resolve(), state_dir=args.state_dir,
+                              rollout_args=["--max-lora-rank", str(max(slot_rank, 16))]))
     with stack:
         stack.start()
         api = ApiClient(stack.api_url)

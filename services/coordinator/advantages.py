@@ -7,7 +7,7 @@ For a group of G episodes that played the same task, with rewards r_1..r_G:
 
 std is the population standard deviation (ddof=0). A group whose rewards are all equal gets
 A_i = 0 for every member: it carries no learning signal (DAPO's dynamic sampling drops it).
-The per-token advantage is A_i on the episode's generated tokens and 0 elsewhere.
+The per-token advantage is the advantage of the token's turn on generated tokens and 0 elsewhere.
 
 Discounting (`discounted_return`): with a discount gamma < 1 the return of an episode of T turns is
 gamma**(T - 1) * r, so of two episodes that both reach the goal the shorter one scores higher. The
@@ -18,7 +18,9 @@ moves then still carries a signal (fewer wall bumps and detours), which gamma = 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from bisect import bisect_right
+from collections import defaultdict
+from collections.abc import Hashable, Sequence
 from typing import Literal
 
 Normalize = Literal["std", "none"]
@@ -47,11 +49,41 @@ def discounted_return(reward: float, turns: int, discount: float = 1.0) -> float
     return reward * discount ** (turns - 1)
 
 
+def returns_to_go(reward: float, turns: int, discount: float = 1.0) -> list[float]:
+    """The return from each of `turns` turns when the only reward came on the last one."""
+    return [discounted_return(reward, turns - t, discount) for t in range(turns)]
+
+
+def step_advantages(
+    states: Sequence[Sequence[Hashable]], returns: Sequence[Sequence[float]], normalize: Normalize = "std"
+) -> list[list[float]]:
+    """GiGPO step-level advantages of one group: `states[i][t]` identifies the state episode i acted
+    from at turn t, `returns[i][t]` the return from that turn. Shapes [G][T_i] -> [G][T_i]."""
+    if [len(s) for s in states] != [len(r) for r in returns]:
+        raise ValueError("states and returns differ in shape")
+    anchors: dict[Hashable, list[tuple[int, int]]] = defaultdict(list)
+    for i, episode_states in enumerate(states):
+        for t, state in enumerate(episode_states):
+            anchors[state].append((i, t))
+    out = [[0.0] * len(r) for r in returns]
+    for members in anchors.values():
+        if len(members) > 1:
+            for (i, t), advantage in zip(members, group_advantages([returns[i][t] for i, t in members], normalize),
+                                         strict=True):
+                out[i][t] = advantage
+    return out
+
+
 def is_informative(rewards: Sequence[float]) -> bool:
     """False when every reward in the group is equal (all advantages are zero)."""
     return max(rewards) - min(rewards) > 1e-12
 
 
-def per_token_advantages(advantage: float, loss_mask: Sequence[int]) -> list[float]:
-    """Broadcasts an episode advantage onto its generated tokens (mask 1); 0 elsewhere."""
-    return [advantage if m else 0.0 for m in loss_mask]
+def per_turn_token_advantages(
+    turn_advantages: Sequence[float], loss_mask: Sequence[int], turn_starts: Sequence[int]
+) -> list[float]:
+    """Each turn's advantage on the generated tokens of that turn (turn t spans the record from
+    `turn_starts[t]` to the next turn's start); 0 elsewhere."""
+    if len(turn_advantages) != len(turn_starts):
+        raise ValueError(f"{len(turn_advantages)} turn advantages for {len(turn_starts)} turns")
+    return [turn_advantages[bisect_right(turn_starts, j) - 1] if m else 0.0 for j, m in enumerate(loss_mask)]

@@ -59,6 +59,11 @@ class GrpoSettings(_Strict):
         1.0, gt=0.0, le=1.0,
         description="gamma: an episode's return is gamma**(turns - 1) * reward (1 = the plain reward).",
     )
+    step_advantage_weight: float = Field(
+        0.0, ge=0.0, le=10.0,
+        description="GiGPO: weight of the step-level advantage among a group's turns taken from the same "
+                    "observation images, on returns discounted by `discount` (0 = episode-level GRPO only).",
+    )
     clip_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower PPO clip: ratio >= 1 - clip_low.")
     clip_high: float = Field(0.28, ge=0.0, le=10.0, description="Upper PPO clip (DAPO clip-higher).")
     kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL to the adapter-free reference.")

@@ -8,6 +8,7 @@ carries the engine-expanded record the learner trains on.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -41,6 +42,9 @@ class EpisodeResult:
     info: dict[str, Any] = field(default_factory=dict)
     adapter_version: int = 0
     episode_id: str = ""
+    # One digest per turn of the images the action was chosen from: equal digests within a group
+    # mark the same environment state (step-level advantages group turns by it).
+    observation_keys: list[str] = field(default_factory=list)
 
     @property
     def solved(self) -> bool:
@@ -52,6 +56,15 @@ class Sampling:
     temperature: float
     top_p: float
     max_tokens: int
+
+
+def observation_key(images: list[bytes]) -> str:
+    """A digest of an observation's images (length-prefixed, so that splits cannot collide)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for data in images:
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.hexdigest()
 
 
 def _sampling_proto(sampling: Sampling, seed: int, stop_ids: list[int]) -> rollout_pb2.SamplingParams:
@@ -107,7 +120,8 @@ async def play_episodes(
         conv.add_observation(tokenizer, state.observation.text, frames)
         results.append(EpisodeResult(spec=spec, group_index=index // samples_per_spec, conversation=conv,
                                      frames=list(frames) if keep_frames else [],
-                                     adapter_version=adapter_version, episode_id=state.episode_id))
+                                     adapter_version=adapter_version, episode_id=state.episode_id,
+                                     observation_keys=[observation_key(frames)]))
     active = list(range(len(results)))
     try:
         for turn in range(max_turns):
@@ -149,6 +163,7 @@ async def play_episodes(
                     continue
                 frames = [img.data for img in state.observation.images]
                 episode.conversation.add_observation(tokenizer, state.observation.text, frames)
+                episode.observation_keys.append(observation_key(frames))
                 still_active.append(i)
             active = still_active
     finally:

@@ -28,10 +28,13 @@ from mmrl.v1 import env_pb2, learner_pb2, rollout_pb2
 from services.common.conversation import ChatTokens, Tokenizer
 from services.common.trajectory import Trajectory
 from services.coordinator.advantages import (
+    Normalize,
     discounted_return,
     group_advantages,
     is_informative,
-    per_token_advantages,
+    per_turn_token_advantages,
+    returns_to_go,
+    step_advantages,
 )
 from services.coordinator.clients import Services
 from services.coordinator.config import RunConfig
@@ -74,18 +77,35 @@ def group_returns(group: list[EpisodeResult], discount: float) -> list[float]:
     return [discounted_return(e.reward, max(1, len(e.actions)), discount) for e in group]
 
 
+def turn_advantages(
+    group: list[EpisodeResult], normalize: Normalize, discount: float = 1.0, step_weight: float = 0.0
+) -> list[list[float]]:
+    """Per episode, the advantage of each turn: the episode's group-relative advantage, plus
+    `step_weight` times the step-level advantage among the group's turns taken from the same
+    observation (GiGPO; see advantages.py)."""
+    episode = group_advantages(group_returns(group, discount), normalize)
+    turns = [len(e.actions) for e in group]
+    if step_weight == 0.0:
+        return [[a] * n for a, n in zip(episode, turns, strict=True)]
+    steps = step_advantages([e.observation_keys[:n] for e, n in zip(group, turns, strict=True)],
+                            [returns_to_go(e.reward, n, discount) for e, n in zip(group, turns, strict=True)],
+                            normalize)
+    return [[a + step_weight * s for s in turn] for a, turn in zip(episode, steps, strict=True)]
+
+
 def to_trajectories(
-    groups: list[list[EpisodeResult]], normalize: str, step: int, discount: float = 1.0
+    groups: list[list[EpisodeResult]], normalize: Normalize, step: int, discount: float = 1.0,
+    step_weight: float = 0.0,
 ) -> list[Trajectory]:
     trajectories = []
     for g, group in enumerate(groups):
-        advantages = group_advantages(group_returns(group, discount), normalize)  # type: ignore[arg-type]
-        for k, (episode, advantage) in enumerate(zip(group, advantages, strict=True)):
+        advantages = turn_advantages(group, normalize, discount, step_weight)
+        for k, (episode, turns) in enumerate(zip(group, advantages, strict=True)):
             conv = episode.conversation
             trajectories.append(Trajectory(
                 trajectory_id=f"s{step}-g{g}-e{k}", token_ids=tuple(conv.record_ids),
                 loss_mask=tuple(conv.loss_mask), logprobs=tuple(conv.logprobs),
-                advantages=tuple(per_token_advantages(advantage, conv.loss_mask)),
+                advantages=tuple(per_turn_token_advantages(turns, conv.loss_mask, conv.turn_starts)),
                 turn_starts=tuple(conv.turn_starts), images=tuple(conv.images[: _images_used(conv)]),
                 adapter_version=episode.adapter_version, reward=episode.reward, group_id=f"s{step}-g{g}",
             ))
@@ -161,7 +181,8 @@ async def execute_run(ctx: RunContext) -> RunState:
             groups, timers = sampled.groups, sampled.timers
 
             # 4. Group-relative advantages on the coordinator; the learner only sees per-token arrays.
-            trajectories = to_trajectories(groups, cfg.grpo.advantage_norm, step, cfg.grpo.discount)
+            trajectories = to_trajectories(groups, cfg.grpo.advantage_norm, step, cfg.grpo.discount,
+                                           cfg.grpo.step_advantage_weight)
 
             # 5. Train (rollout engine asleep in colocated mode; with async_rollout the next step is
             #    sampled meanwhile, by the policy of this step's start), publish, 6. load on every replica.

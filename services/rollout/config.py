@@ -8,7 +8,7 @@ variables prefixed `MMRL_ROLLOUT_` (e.g. MMRL_ROLLOUT_PORT=50052) and `MMRL_SHAR
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, get_args
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,6 +17,14 @@ from services.common.config_files import read_config_file
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+
+
+def lora_slot_rank(rank: int) -> int:
+    """The smallest LoRA rank vLLM sizes its adapter slots for that holds adapters of `rank`."""
+    fitting = [r for r in get_args(LoraRank) if r >= rank]
+    if rank < 1 or not fitting:
+        raise ValueError(f"LoRA rank {rank}: vLLM serves ranks 1..{max(get_args(LoraRank))}")
+    return min(fitting)
 
 
 class RolloutConfig(BaseModel):

@@ -58,11 +58,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--shared-root", type=Path, default=settings.shared_root,
                         help=f"shared storage root (MMRL_SHARED_ROOT, default {settings.shared_root})")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length override")
+    parser.add_argument("--max-lora-rank", type=int, default=None,
+                        help="largest LoRA rank accepted, one of vLLM's sizes (default 16)")
     parser.add_argument("--log-level", default=settings.log_level)
     args = parser.parse_args(argv)
 
     try:
-        config = load_config(args.config, {"model": args.model, "max_model_len": args.max_model_len})
+        config = load_config(args.config, {"model": args.model, "max_model_len": args.max_model_len,
+                                          "max_lora_rank": args.max_lora_rank})
     except (ValidationError, OSError, ValueError) as exc:
         parser.error(f"invalid configuration: {exc}")
     setup_logging("rollout", args.log_level)

@@ -8,7 +8,9 @@ from services.coordinator.advantages import (
     discounted_return,
     group_advantages,
     is_informative,
-    per_token_advantages,
+    per_turn_token_advantages,
+    returns_to_go,
+    step_advantages,
 )
 
 
@@ -35,8 +37,12 @@ def test_advantages_sum_to_zero_within_a_group() -> None:
     assert abs(sum(group_advantages([0.3, 0.9, 0.1, 0.5]))) < 1e-9
 
 
-def test_per_token_advantages_cover_generated_tokens_only() -> None:
-    assert per_token_advantages(0.5, [0, 0, 1, 1, 0]) == [0.0, 0.0, 0.5, 0.5, 0.0]
+def test_per_token_advantages_cover_each_turns_generated_tokens_only() -> None:
+    # Two turns starting at record positions 0 and 4; generated tokens at 2-3 and 6.
+    mask = [0, 0, 1, 1, 0, 0, 1, 0]
+    assert per_turn_token_advantages([0.5, -1.0], mask, [0, 4]) == [0, 0, 0.5, 0.5, 0, 0, -1.0, 0]
+    with pytest.raises(ValueError):
+        per_turn_token_advantages([0.5], mask, [0, 4])
 
 
 def test_bad_inputs_raise_value_error() -> None:
@@ -66,3 +72,25 @@ def test_bad_discounts_and_turn_counts_raise_value_error() -> None:
             discounted_return(1.0, 3, discount)
     with pytest.raises(ValueError):
         discounted_return(1.0, 0, 0.9)
+
+
+def test_returns_to_go_are_discounted_from_the_last_turn() -> None:
+    assert returns_to_go(1.0, 3, 0.5) == [0.25, 0.5, 1.0]
+    assert returns_to_go(0.0, 2, 0.5) == [0.0, 0.0]
+
+
+def test_step_advantages_compare_turns_taken_from_the_same_state() -> None:
+    # Episode 0: A -> B -> goal. Episode 1: A, bumps a wall (still A), then A -> B -> goal.
+    states = [["A", "B"], ["A", "A", "B"]]
+    returns = [returns_to_go(1.0, 2, 0.5), returns_to_go(1.0, 3, 0.5)]  # [0.5, 1], [0.25, 0.5, 1]
+    adv = step_advantages(states, returns, normalize="none")
+    # State A was acted from three times, with returns 0.5, 0.25, 0.5 (mean 5/12).
+    assert adv[0][0] == pytest.approx(0.5 - 5 / 12) and adv[1][0] == pytest.approx(0.25 - 5 / 12)
+    assert adv[1][1] == pytest.approx(0.5 - 5 / 12)
+    assert adv[0][1] == adv[1][2] == 0.0  # B: both moves reached the goal at once
+
+
+def test_a_state_seen_once_has_no_step_advantage() -> None:
+    assert step_advantages([["A", "B"], ["C"]], [[0.5, 1.0], [0.0]]) == [[0.0, 0.0], [0.0]]
+    with pytest.raises(ValueError):
+        step_advantages([["A", "B"]], [[1.0]])

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from services.rollout.config import RolloutConfig, ServerSettings, load_config
+from services.rollout.config import RolloutConfig, ServerSettings, load_config, lora_slot_rank
 from services.rollout.main import main
 
 
@@ -36,6 +36,21 @@ def test_a_config_file_is_read_and_command_line_values_override_it(tmp_path: Pat
     toml = tmp_path / "rollout.toml"
     toml.write_text('model = "/models/c"\nlora_kernels = "vllm"\n')
     assert load_config(toml).lora_kernels == "vllm"
+
+
+def test_an_adapter_rank_maps_to_the_smallest_slot_size_that_holds_it() -> None:
+    assert [lora_slot_rank(r) for r in (1, 8, 16, 17, 64, 100)] == [1, 8, 16, 32, 64, 128]
+    for rank in (0, 513):
+        with pytest.raises(ValueError, match="LoRA rank"):
+            lora_slot_rank(rank)
+
+
+def test_an_unsupported_max_lora_rank_on_the_command_line_is_a_usage_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--model", "m", "--port", "0", "--max-lora-rank", "12"])
+    assert info.value.code == 2
+    assert "max_lora_rank" in capsys.readouterr().err
 
 
 def test_deployment_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

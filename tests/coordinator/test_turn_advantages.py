@@ -1,0 +1,58 @@
+"""Advantages of a group of played episodes, per turn and per token (`runloop.turn_advantages`,
+`runloop.to_trajectories`), with episode-level GRPO alone and with GiGPO's step-level term."""
+
+from __future__ import annotations
+
+import pytest
+
+from mmrl.v1 import env_pb2
+from services.common.conversation import ChatTokens, TokenConversation
+from services.coordinator import runloop
+from services.coordinator.episodes import EpisodeResult, observation_key
+
+CHAT = ChatTokens(im_start=1, im_end=2, vision_start=3, image_pad=4, vision_end=5, newline=(6,),
+                  user_header=(1, 7), assistant_header=(1, 8), system_header=(1, 9))
+
+
+def _episode(states: list[bytes], reward: float) -> EpisodeResult:
+    """An episode that acted once from each frame in `states` (one generated token per turn)."""
+    conv = TokenConversation(CHAT)
+    for frame in states:
+        conv.compact_ids += [1, 7, 3, 4, 5, 2, 6, 1, 8]
+        conv.images.append(frame)
+        conv.add_generation(conv.record_ids + conv.compact_ids[len(conv.record_ids):], [10], [-0.5])
+    return EpisodeResult(spec=env_pb2.EpisodeSpec(seed=1), group_index=0, conversation=conv,
+                         actions=["up"] * len(states), reward=reward,
+                         observation_keys=[observation_key([f]) for f in states])
+
+
+def test_observation_keys_tell_images_apart() -> None:
+    assert observation_key([b"ab"]) == observation_key([b"ab"])
+    assert observation_key([b"ab"]) != observation_key([b"a", b"b"]) != observation_key([b"ba"])
+
+
+def test_without_a_step_weight_every_turn_carries_the_episode_advantage() -> None:
+    group = [_episode([b"A", b"B"], 1.0), _episode([b"A", b"C", b"D"], 0.0)]
+    solved, failed = runloop.turn_advantages(group, "std")
+    assert solved == pytest.approx([1.0, 1.0], rel=1e-5) and failed == pytest.approx([-1.0] * 3, rel=1e-5)
+
+
+def test_the_step_term_ranks_actions_taken_from_the_same_state() -> None:
+    # Both solve; the second bumps a wall first (its frame A repeats), so it is one move slower.
+    group = [_episode([b"A", b"B"], 1.0), _episode([b"A", b"A", b"B"], 1.0)]
+    plain = runloop.turn_advantages(group, "none", discount=0.5)
+    assert plain == [[0.125, 0.125], [-0.125, -0.125, -0.125]]  # returns 0.5 and 0.25
+    gigpo = runloop.turn_advantages(group, "none", discount=0.5, step_weight=1.0)
+    a = 5 / 12  # mean return from state A: (0.5 + 0.25 + 0.5) / 3
+    assert gigpo[0] == pytest.approx([0.125 + 0.5 - a, 0.125])
+    assert gigpo[1] == pytest.approx([-0.125 + 0.25 - a, -0.125 + 0.5 - a, -0.125])
+
+
+def test_trajectories_carry_each_turns_advantage_on_its_generated_tokens() -> None:
+    group = [_episode([b"A", b"B"], 1.0), _episode([b"A", b"A", b"B"], 1.0)]
+    trajectories = runloop.to_trajectories([group], "none", step=3, discount=0.5, step_weight=1.0)
+    expected = runloop.turn_advantages(group, "none", discount=0.5, step_weight=1.0)
+    for trajectory, turns in zip(trajectories, expected, strict=True):
+        generated = [a for a, m in zip(trajectory.advantages, trajectory.loss_mask, strict=True) if m]
+        assert generated == pytest.approx(turns)
+        assert all(a == 0.0 for a, m in zip(trajectory.advantages, trajectory.loss_mask, strict=True) if not m)
