@@ -10,12 +10,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from mmrl.cli.report import episode_strip, learning_curve, plot_curve, write_json
 from mmrl.cli.run import ApiClient, load_config_dict, parse_overrides, watch
 from mmrl.cli.sft import load_sft_config, run_sft
 from mmrl.cli.stack import Stack, StackConfig
 from mmrl.cli.up import DEFAULT_MODEL, ensure_tiny_model
-from services.rollout.config import lora_slot_rank
+from services.coordinator.config import RunConfig
+from services.rollout.config import RolloutConfig, lora_slot_rank
 
 
 def sft_checkpoint(args: argparse.Namespace, base_model: Path) -> tuple[Path, float, dict[str, Any]]:
@@ -60,10 +63,14 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "run_config.json", config)
 
+    try:
+        run_config = RunConfig.model_validate(config)
+    except ValidationError as exc:
+        raise SystemExit(f"invalid run config: {exc}") from exc
     # The rollout engine must hold adapters of the run's LoRA rank (it sizes its slots at start).
-    slot_rank = lora_slot_rank(int(config.get("lora", {}).get("rank", 16)))
+    slot_rank = lora_slot_rank(max(run_config.lora.rank, RolloutConfig.model_fields["max_lora_rank"].default))
     stack = Stack(StackConfig(model=sft_model.resolve(), state_dir=args.state_dir,
-                              rollout_args=["--max-lora-rank", str(max(slot_rank, 16))]))
+                              rollout_args=["--max-lora-rank", str(slot_rank)]))
     with stack:
         stack.start()
         api = ApiClient(stack.api_url)
