@@ -43,3 +43,20 @@ def test_tiny_model_has_qwen_special_tokens_and_a_small_parameter_count(tiny_mod
     assert 300_000 <= info["num_parameters"] <= 5_000_000
     config = json.loads((tiny_model_dir / "config.json").read_text())
     assert config["text_config"]["head_dim"] >= 32
+
+
+def test_init_model_cli_sizes_the_text_model_and_rejects_bad_sizes(tmp_path: Path, capsys) -> None:
+    import pytest
+
+    from services.common.tiny_model import main
+
+    out = tmp_path / "wide"
+    assert main(["tiny", "--out", str(out), "--hidden-size", "192", "--layers", "2"]) == 0
+    text = json.loads((out / "config.json").read_text())["text_config"]
+    assert (text["hidden_size"], text["num_hidden_layers"]) == (192, 2)
+    assert (text["num_attention_heads"], text["num_key_value_heads"]) == (6, 3)
+    assert "parameters" in capsys.readouterr().out
+    for bad in (["--hidden-size", "100"], ["--hidden-size", "0"], ["--layers", "0"]):
+        with pytest.raises(SystemExit):
+            main(["tiny", "--out", str(tmp_path / "bad"), *bad])
+    assert not (tmp_path / "bad").exists()

@@ -6,9 +6,10 @@ video processors, chat template) that vLLM, transformers and peft load like any 
 checkpoint. Nothing in the services depends on it: they read sizes and token ids from whatever
 model directory they are given.
 
-Shape (about 1.4M parameters): text hidden 128, 4 layers, 4 query / 2 key-value heads of
-head_dim 32 (vLLM's CPU attention rejects 16), vision tower of depth 2 with patch 8 and merge 2, so
-an 80x80 frame becomes 25 image tokens. The tokenizer is a byte-level BPE trained locally on maze
+Shape by default (about 1.0M parameters): text hidden 128, 4 layers, 4 query / 2 key-value heads
+of head_dim 32 (vLLM's CPU attention rejects 16), vision tower of depth 2 with patch 8 and merge 2,
+so an 80x80 frame becomes 25 image tokens. `--hidden-size` and `--layers` size the text model
+(heads follow the hidden size); the vision tower stays as it is. The tokenizer is a byte-level BPE trained locally on maze
 prompt text, with Qwen's special tokens, so every string is encodable.
 """
 
@@ -168,11 +169,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed")
     parser.add_argument("--force", action="store_true", help="rebuild even if DIR/config.json exists")
+    parser.add_argument("--hidden-size", type=int, default=128,
+                        help="text hidden size, a multiple of the head dim 32 (default 128)")
+    parser.add_argument("--layers", type=int, default=4, help="text decoder layers (default 4)")
     args = parser.parse_args(argv)
+    if args.hidden_size < 64 or args.hidden_size % 64:
+        parser.error("--hidden-size must be a positive multiple of 64 (head_dim 32, 2 query heads per key-value head)")
+    if args.layers < 1:
+        parser.error("--layers must be at least 1")
     if (args.out / "config.json").is_file() and not args.force:
         print(f"{args.out} already holds a model (use --force to rebuild)")
         return 0
-    build_tiny_model(args.out, seed=args.seed)
+    build_tiny_model(args.out, seed=args.seed, hidden_size=args.hidden_size, num_layers=args.layers)
     info = json.loads((args.out / "mmrl_model.json").read_text())
     print(f"wrote tiny Qwen3-VL ({info['num_parameters']:,} parameters) to {args.out}")
     return 0
