@@ -38,7 +38,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check services mmrl tests
 
 typecheck: $(STAMP)
-	$(BIN)/mypy services
+	$(BIN)/mypy services mmrl
 
 test: setup lint typecheck
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

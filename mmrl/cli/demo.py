@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from mmrl.cli.report import episode_strip, learning_curve, plot_curve, write_json
-from mmrl.cli.run import ApiClient, load_config_dict, parse_overrides, watch
+from mmrl.cli.run import TERMINAL, ApiClient, load_config_dict, parse_overrides, watch
 from mmrl.cli.sft import load_sft_config, run_sft
 from mmrl.cli.stack import Stack, StackConfig
 from mmrl.cli.up import DEFAULT_MODEL, ensure_tiny_model
@@ -36,6 +36,25 @@ def sft_checkpoint(args: argparse.Namespace, base_model: Path) -> tuple[Path, fl
     return out, float(report["sft_wall_s"]), report
 
 
+def watch_or_stop(api: ApiClient, run_id: str) -> dict[str, Any]:
+    """Watches the run to its end. On Ctrl-C (or SIGTERM) it stops the run through the API, waits
+    for the stop to land at the end of the current step (a second Ctrl-C leaves at once), and
+    returns the run record marked `interrupted`, so that the caller still saves what was measured."""
+    try:
+        return watch(api, run_id, interval_s=2.0)
+    except KeyboardInterrupt:
+        pass
+    print(f"\ninterrupted: stopping run {run_id} after its current step (Ctrl-C again to leave now)", flush=True)
+    run = api.run(run_id)
+    try:
+        if run["state"] not in TERMINAL:
+            api.request("POST", f"/v1/runs/{run_id}/stop")
+            run = watch(api, run_id, interval_s=1.0)
+    except KeyboardInterrupt:
+        run = api.run(run_id)
+    return {**run, "interrupted": True}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl demo", description=__doc__)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL,
@@ -51,6 +70,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     base = ensure_tiny_model(args.model)
+    sft_report: dict[str, Any]
     if args.sft_model:
         sft_model, sft_wall_s, sft_report = args.sft_model, 0.0, {}
     else:
@@ -77,18 +97,21 @@ def main(argv: list[str]) -> int:
         started = time.perf_counter()
         run = api.start(config)
         print(f"GRPO run {run['id']} started; watching (API {stack.api_url})", flush=True)
-        final = watch(api, run["id"], interval_s=2.0)
+        final = watch_or_stop(api, run["id"])
         grpo_wall_s = time.perf_counter() - started
         evals = api.request("GET", f"/v1/runs/{run['id']}/evals")["evals"]
         metrics = api.request("GET", f"/v1/runs/{run['id']}/metrics")["metrics"]
         episodes = api.request("GET", f"/v1/runs/{run['id']}/episodes", params={"kind": "eval"})["episodes"]
-    if final["state"] != "succeeded":
-        print(f"the run ended {final['state']}: {final['failure_reason']}")
-        return 1
-
     curve = learning_curve(evals, metrics)
     write_json(args.out / "curve.json", curve)
-    plot_curve(curve, args.out / "curve.png", f"GRPO from SFT, {evals[0]['episodes']} fixed eval mazes")
+    if evals:
+        plot_curve(curve, args.out / "curve.png", f"GRPO from SFT, {evals[0]['episodes']} fixed eval mazes")
+    if final["state"] != "succeeded":
+        # What the run measured is kept: the curve so far, and its adapters under the shared root.
+        reason = f": {final['failure_reason']}" if final.get("failure_reason") else ""
+        print(f"the run ended {final['state']} at step {final['step']}{reason}; "
+              f"the curve so far ({len(evals)} evals) is in {args.out}/curve.json")
+        return 130 if final.get("interrupted") else 1
     last_step = evals[-1]["step"]
     solved = [e for e in episodes if e["step"] == last_step and e["solved"] and e["frames"]]
     strip = None

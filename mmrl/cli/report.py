@@ -60,7 +60,7 @@ def episode_strip(frames: list[Path], actions: list[str], path: Path, scale: int
     strip = Image.new("RGB", (width * len(images), height + label_h), "white")
     draw = ImageDraw.Draw(strip)
     for i, image in enumerate(images):
-        strip.paste(image.resize((width, height), Image.NEAREST), (i * width, 0))
+        strip.paste(image.resize((width, height), Image.Resampling.NEAREST), (i * width, 0))
         label = f"{i}: {actions[i].strip()[:10]}" if i < len(actions) else f"{i}: goal"
         draw.text((i * width + 4, height + 3), label, fill="black")
     strip.save(path)

@@ -1,0 +1,62 @@
+"""`mmrl demo` on Ctrl-C: the run is stopped through the API and its record comes back marked."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from mmrl.cli import demo
+
+
+class ScriptedApi:
+    """Answers GET /v1/runs/{id} from a script; an entry that is an exception is raised instead."""
+
+    def __init__(self, script: list[Any]) -> None:
+        self.script = script
+        self.posted: list[str] = []
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        item = self.script.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        return {"id": run_id, "step": item[1], "steps": 10, "state": item[0], "failure_reason": ""}
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        self.posted.append(f"{method} {path}")
+        return {}
+
+
+def _quiet(monkeypatch) -> None:
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+    monkeypatch.setattr("mmrl.cli.run.time.sleep", lambda s: None)
+
+
+def test_ctrl_c_stops_the_run_and_waits_for_the_stop(monkeypatch) -> None:
+    _quiet(monkeypatch)
+    api = ScriptedApi([("running", 3), KeyboardInterrupt(), ("running", 3), ("running", 4), ("stopped", 4)])
+    final = demo.watch_or_stop(api, "r1")  # type: ignore[arg-type]
+    assert api.posted == ["POST /v1/runs/r1/stop"]
+    assert (final["state"], final["step"], final["interrupted"]) == ("stopped", 4, True)
+
+
+def test_second_ctrl_c_leaves_without_waiting(monkeypatch) -> None:
+    _quiet(monkeypatch)
+    api = ScriptedApi([KeyboardInterrupt(), ("running", 2), KeyboardInterrupt(), ("running", 2)])
+    final = demo.watch_or_stop(api, "r1")  # type: ignore[arg-type]
+    assert api.posted == ["POST /v1/runs/r1/stop"]
+    assert (final["state"], final["interrupted"]) == ("running", True)
+
+
+def test_a_run_that_already_ended_is_not_stopped_again(monkeypatch) -> None:
+    _quiet(monkeypatch)
+    api = ScriptedApi([KeyboardInterrupt(), ("succeeded", 10)])
+    final = demo.watch_or_stop(api, "r1")  # type: ignore[arg-type]
+    assert api.posted == []
+    assert final["state"] == "succeeded" and final["interrupted"]
+
+
+def test_without_interruption_the_final_record_is_returned_unmarked(monkeypatch) -> None:
+    _quiet(monkeypatch)
+    api = ScriptedApi([("running", 9), ("succeeded", 10)])
+    final = demo.watch_or_stop(api, "r1")  # type: ignore[arg-type]
+    assert final["state"] == "succeeded" and "interrupted" not in final
