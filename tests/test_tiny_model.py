@@ -4,6 +4,7 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 
@@ -46,9 +47,7 @@ def test_tiny_model_has_qwen_special_tokens_and_a_small_parameter_count(tiny_mod
 
 
 def test_init_model_cli_sizes_the_text_model_and_rejects_bad_sizes(tmp_path: Path, capsys) -> None:
-    import pytest
-
-    from services.common.tiny_model import main
+    from services.common.tiny_model import build_tiny_model, main
 
     out = tmp_path / "wide"
     assert main(["tiny", "--out", str(out), "--hidden-size", "192", "--layers", "2"]) == 0
@@ -59,4 +58,7 @@ def test_init_model_cli_sizes_the_text_model_and_rejects_bad_sizes(tmp_path: Pat
     for bad in (["--hidden-size", "100"], ["--hidden-size", "0"], ["--layers", "0"]):
         with pytest.raises(SystemExit):
             main(["tiny", "--out", str(tmp_path / "bad"), *bad])
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(ValueError, match="multiple of 64"):
+        build_tiny_model(tmp_path / "bad", hidden_size=96)
     assert not (tmp_path / "bad").exists()

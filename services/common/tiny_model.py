@@ -9,8 +9,8 @@ model directory they are given.
 Shape by default (about 1.0M parameters): text hidden 128, 4 layers, 4 query / 2 key-value heads
 of head_dim 32 (vLLM's CPU attention rejects 16), vision tower of depth 2 with patch 8 and merge 2,
 so an 80x80 frame becomes 25 image tokens. `--hidden-size` and `--layers` size the text model
-(heads follow the hidden size); the vision tower stays as it is. The tokenizer is a byte-level BPE trained locally on maze
-prompt text, with Qwen's special tokens, so every string is encodable.
+(heads follow the hidden size); the vision tower stays as it is. The tokenizer is a byte-level BPE
+trained locally on maze prompt text, with Qwen's special tokens, so every string is encodable.
 """
 
 from __future__ import annotations
@@ -91,8 +91,22 @@ def build_tokenizer(vocab_size: int = 512):  # -> PreTrainedTokenizerFast
     )
 
 
+HEAD_DIM = 32
+
+
+def check_text_shape(hidden_size: int, num_layers: int) -> None:
+    """The text model's heads are hidden_size / 32 queries sharing key-value heads in pairs, so the
+    hidden size must be a positive multiple of 64."""
+    if hidden_size < 2 * HEAD_DIM or hidden_size % (2 * HEAD_DIM):
+        raise ValueError(f"hidden size {hidden_size}: must be a positive multiple of {2 * HEAD_DIM} "
+                         f"(head_dim {HEAD_DIM}, 2 query heads per key-value head)")
+    if num_layers < 1:
+        raise ValueError(f"{num_layers} layers: at least 1 is needed")
+
+
 def build_tiny_model(out_dir: Path, seed: int = 0, hidden_size: int = 128, num_layers: int = 4) -> Path:
     """Writes a random-initialised tiny Qwen3-VL (weights, tokenizer, processor) into `out_dir`."""
+    check_text_shape(hidden_size, num_layers)
     import torch
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
@@ -101,16 +115,15 @@ def build_tiny_model(out_dir: Path, seed: int = 0, hidden_size: int = 128, num_l
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    head_dim = 32
     config = Qwen3VLConfig(
         text_config={
             "vocab_size": len(tokenizer),
             "hidden_size": hidden_size,
             "intermediate_size": hidden_size * 2,
             "num_hidden_layers": num_layers,
-            "num_attention_heads": hidden_size // head_dim,
-            "num_key_value_heads": max(1, hidden_size // head_dim // 2),
-            "head_dim": head_dim,
+            "num_attention_heads": hidden_size // HEAD_DIM,
+            "num_key_value_heads": hidden_size // HEAD_DIM // 2,
+            "head_dim": HEAD_DIM,
             "max_position_embeddings": 4096,
             # mrope sections (t, h, w) split head_dim / 2 rotary frequencies.
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
@@ -170,13 +183,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed")
     parser.add_argument("--force", action="store_true", help="rebuild even if DIR/config.json exists")
     parser.add_argument("--hidden-size", type=int, default=128,
-                        help="text hidden size, a multiple of the head dim 32 (default 128)")
+                        help="text hidden size, a positive multiple of 64 (default 128)")
     parser.add_argument("--layers", type=int, default=4, help="text decoder layers (default 4)")
     args = parser.parse_args(argv)
-    if args.hidden_size < 64 or args.hidden_size % 64:
-        parser.error("--hidden-size must be a positive multiple of 64 (head_dim 32, 2 query heads per key-value head)")
-    if args.layers < 1:
-        parser.error("--layers must be at least 1")
+    try:
+        check_text_shape(args.hidden_size, args.layers)
+    except ValueError as exc:
+        parser.error(str(exc))
     if (args.out / "config.json").is_file() and not args.force:
         print(f"{args.out} already holds a model (use --force to rebuild)")
         return 0
