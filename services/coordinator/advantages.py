@@ -13,6 +13,12 @@ Discounting (`discounted_return`): with a discount gamma < 1 the return of an ep
 gamma**(T - 1) * r, so of two episodes that both reach the goal the shorter one scores higher. The
 environment's reward stays sparse; a group whose members all solve the maze in different numbers of
 moves then still carries a signal (fewer wall bumps and detours), which gamma = 1 ignores.
+
+No-op turns (`noop_turns`): a turn after which the next observation is the one it acted from changed
+nothing (in the maze: a wall bump or an unparseable action, which cost a move). With a no-op
+penalty c > 0 such a turn's advantage is lowered by c, whatever the episode's outcome: a dense,
+per-turn signal that a sparse reward gives only at the end of an episode (and a failing group, all
+0, not at all). The solve rate the runs report stays the environment's sparse reward.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from collections.abc import Hashable, Sequence
 from typing import Literal
 
 Normalize = Literal["std", "none"]
+PathCredit = Literal["off", "drop", "shift"]
 
 
 def group_advantages(rewards: Sequence[float], normalize: Normalize = "std", eps: float = 1e-6) -> list[float]:
@@ -72,6 +79,52 @@ def step_advantages(
                                          strict=True):
                 out[i][t] = advantage
     return out
+
+
+def noop_turns(observation_keys: Sequence[Hashable], turns: int) -> list[bool]:
+    """Per turn of an episode of `turns` turns, whether it was a no-op: the observation after it
+    (`observation_keys[t + 1]`) is the one it acted from (`observation_keys[t]`). The last turn
+    of an episode that ended has no next observation and is not a no-op."""
+    if not turns <= len(observation_keys) <= turns + 1:
+        raise ValueError(f"{len(observation_keys)} observations for {turns} turns")
+    return [t + 1 < len(observation_keys) and observation_keys[t + 1] == observation_keys[t] for t in range(turns)]
+
+
+def loop_erased_turns(observation_keys: Sequence[Hashable], turns: int) -> list[bool]:
+    """Per turn, whether it is on the episode's loop-erased path: walking the turns in order, a
+    return to an observation already on the path cuts the path back to it, so wall bumps (the same
+    observation again) and detours that came back drop out. In a deterministic environment whose
+    observation is its state, the remaining turns alone lead from the start to where the episode
+    ended (in a maze without cycles: the shortest way)."""
+    if not turns <= len(observation_keys) <= turns + 1:
+        raise ValueError(f"{len(observation_keys)} observations for {turns} turns")
+    path: list[tuple[Hashable, int]] = []  # (observation, the turn taken from it), start to end
+    position: dict[Hashable, int] = {}
+    for t in range(turns):
+        key = observation_keys[t]
+        if key in position:  # back where the path already was: cut the loop out
+            cut = position[key]
+            for dropped, _ in path[cut:]:
+                del position[dropped]
+            del path[cut:]
+        position[key] = len(path)
+        path.append((key, t))
+    on_path = {t for _, t in path}
+    return [t in on_path for t in range(turns)]
+
+
+def path_advantages(advantage: float, on_path: Sequence[bool], mode: PathCredit) -> list[float]:
+    """The per-turn advantages of an episode with episode-level advantage `advantage` whose turns
+    are (not) on its loop-erased path. Only a positive advantage is moved: "drop" leaves the path's
+    turns their advantage and gives the others 0; "shift" moves the episode's whole credit onto its
+    path (each path turn gets advantage * turns / path turns), so the winners' total is kept."""
+    turns = len(on_path)
+    if mode == "off" or advantage <= 0.0 or all(on_path):
+        return [advantage] * turns
+    if mode not in ("drop", "shift"):
+        raise ValueError(f"path credit must be 'off', 'drop' or 'shift', got {mode!r}")
+    share = advantage * turns / sum(on_path) if mode == "shift" else advantage
+    return [share if on else 0.0 for on in on_path]
 
 
 def is_informative(rewards: Sequence[float]) -> bool:

@@ -64,6 +64,17 @@ class GrpoSettings(_Strict):
         description="GiGPO: weight of the step-level advantage among a group's turns taken from the same "
                     "observation images, on returns discounted by `discount` (0 = episode-level GRPO only).",
     )
+    noop_penalty: float = Field(
+        0.0, ge=0.0, le=10.0,
+        description="Subtracted from the advantage of every turn after which the observation images did not "
+                    "change (a wall bump in the maze), whatever the episode's reward (0 = off).",
+    )
+    path_credit: Literal["off", "drop", "shift"] = Field(
+        "off",
+        description="In an episode that scored above its group's mean, only the turns on its loop-erased path "
+                    "(wall bumps and detours that came back cut out) carry the episode's advantage: 'drop' gives "
+                    "the other turns 0, 'shift' also moves their credit onto the path's turns.",
+    )
     clip_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower PPO clip: ratio >= 1 - clip_low.")
     clip_high: float = Field(0.28, ge=0.0, le=10.0, description="Upper PPO clip (DAPO clip-higher).")
     kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL to the adapter-free reference.")

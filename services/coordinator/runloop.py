@@ -29,9 +29,13 @@ from services.common.conversation import ChatTokens, Tokenizer
 from services.common.trajectory import Trajectory
 from services.coordinator.advantages import (
     Normalize,
+    PathCredit,
     discounted_return,
     group_advantages,
     is_informative,
+    loop_erased_turns,
+    noop_turns,
+    path_advantages,
     per_turn_token_advantages,
     returns_to_go,
     step_advantages,
@@ -78,28 +82,45 @@ def group_returns(group: list[EpisodeResult], discount: float) -> list[float]:
 
 
 def turn_advantages(
-    group: list[EpisodeResult], normalize: Normalize, discount: float = 1.0, step_weight: float = 0.0
+    group: list[EpisodeResult], normalize: Normalize, discount: float = 1.0, step_weight: float = 0.0,
+    noop_penalty: float = 0.0, path_credit: PathCredit = "off",
 ) -> list[list[float]]:
-    """Per episode, the advantage of each turn: the episode's group-relative advantage, plus
-    `step_weight` times the step-level advantage among the group's turns taken from the same
-    observation (GiGPO; see advantages.py)."""
+    """Per episode, the advantage of each turn: the episode's group-relative advantage (with
+    `path_credit`, only on the loop-erased path of an episode that scored above its group's mean:
+    see `path_advantages`), plus `step_weight` times the step-level advantage among the group's turns taken from the same
+    observation (GiGPO), minus `noop_penalty` on turns that changed nothing (see advantages.py)."""
     episode = group_advantages(group_returns(group, discount), normalize)
     turns = [len(e.actions) for e in group]
     if step_weight == 0.0:
-        return [[a] * n for a, n in zip(episode, turns, strict=True)]
-    steps = step_advantages([e.observation_keys[:n] for e, n in zip(group, turns, strict=True)],
-                            [returns_to_go(e.reward, n, discount) for e, n in zip(group, turns, strict=True)],
-                            normalize)
-    return [[a + step_weight * s for s in turn] for a, turn in zip(episode, steps, strict=True)]
+        per_turn = [[a] * n for a, n in zip(episode, turns, strict=True)]
+    else:
+        steps = step_advantages([e.observation_keys[:n] for e, n in zip(group, turns, strict=True)],
+                                [returns_to_go(e.reward, n, discount) for e, n in zip(group, turns, strict=True)],
+                                normalize)
+        per_turn = [[a + step_weight * s for s in turn] for a, turn in zip(episode, steps, strict=True)]
+    if path_credit != "off":
+        per_turn = [[a - episode[i] + base for a, base in zip(turn, path_advantages(
+                        episode[i], loop_erased_turns(e.observation_keys, n), path_credit), strict=True)]
+                    for turn, e, n, i in zip(per_turn, group, turns, range(len(group)), strict=True)]
+    if noop_penalty == 0.0:
+        return per_turn
+    return [[a - noop_penalty * noop for a, noop in zip(turn, noop_turns(e.observation_keys, n), strict=True)]
+            for turn, e, n in zip(per_turn, group, turns, strict=True)]
+
+
+def noop_fraction(episodes: list[EpisodeResult]) -> float:
+    """The share of the episodes' turns that changed nothing (wall bumps in the maze)."""
+    flags = [f for e in episodes for f in noop_turns(e.observation_keys, len(e.actions))]
+    return sum(flags) / len(flags) if flags else 0.0
 
 
 def to_trajectories(
     groups: list[list[EpisodeResult]], normalize: Normalize, step: int, discount: float = 1.0,
-    step_weight: float = 0.0,
+    step_weight: float = 0.0, noop_penalty: float = 0.0, path_credit: PathCredit = "off",
 ) -> list[Trajectory]:
     trajectories = []
     for g, group in enumerate(groups):
-        advantages = turn_advantages(group, normalize, discount, step_weight)
+        advantages = turn_advantages(group, normalize, discount, step_weight, noop_penalty, path_credit)
         for k, (episode, turns) in enumerate(zip(group, advantages, strict=True)):
             conv = episode.conversation
             trajectories.append(Trajectory(
@@ -182,7 +203,8 @@ async def execute_run(ctx: RunContext) -> RunState:
 
             # 4. Group-relative advantages on the coordinator; the learner only sees per-token arrays.
             trajectories = to_trajectories(groups, cfg.grpo.advantage_norm, step, cfg.grpo.discount,
-                                           cfg.grpo.step_advantage_weight)
+                                           cfg.grpo.step_advantage_weight, cfg.grpo.noop_penalty,
+                                           cfg.grpo.path_credit)
 
             # 5. Train (rollout engine asleep in colocated mode; with async_rollout the next step is
             #    sampled meanwhile, by the policy of this step's start), publish, 6. load on every replica.
@@ -213,6 +235,7 @@ async def execute_run(ctx: RunContext) -> RunState:
                 "episodes/num": len(flat),
                 "episodes/num_played": sampled.num_played,
                 "episodes/turns_mean": sum(len(e.actions) for e in flat) / len(flat),
+                "episodes/noop_fraction": noop_fraction(flat),
                 "groups/num": len(groups),
                 "groups/num_informative": sum(
                     is_informative(group_returns(g, cfg.grpo.discount)) for g in groups),

@@ -1,5 +1,6 @@
 """Advantages of a group of played episodes, per turn and per token (`runloop.turn_advantages`,
-`runloop.to_trajectories`), with episode-level GRPO alone and with GiGPO's step-level term."""
+`runloop.to_trajectories`): episode-level GRPO alone, with GiGPO's step-level term, with the no-op
+penalty and with credit on the loop-erased path only."""
 
 from __future__ import annotations
 
@@ -56,3 +57,57 @@ def test_trajectories_carry_each_turns_advantage_on_its_generated_tokens() -> No
         generated = [a for a, m in zip(trajectory.advantages, trajectory.loss_mask, strict=True) if m]
         assert generated == pytest.approx(turns)
         assert all(a == 0.0 for a, m in zip(trajectory.advantages, trajectory.loss_mask, strict=True) if not m)
+
+
+def test_noop_turns_are_the_turns_after_which_the_observation_repeats() -> None:
+    keys = ["A", "A", "B", "B", "C"]
+    assert runloop.noop_turns(keys, 5) == [True, False, True, False, False]  # ended: no next observation
+    assert runloop.noop_turns(keys, 4) == [True, False, True, False]  # cut at the turn limit
+    with pytest.raises(ValueError, match="observations for"):
+        runloop.noop_turns(keys, 3)
+
+
+def test_the_noop_penalty_lowers_only_the_turns_that_changed_nothing() -> None:
+    # Both fail (no episode-level signal); the second bumps a wall twice from frame A.
+    group = [_episode([b"A", b"B"], 0.0), _episode([b"A", b"A", b"A", b"B"], 0.0)]
+    assert runloop.turn_advantages(group, "std") == [[0.0, 0.0], [0.0] * 4]
+    clean, bumped = runloop.turn_advantages(group, "std", noop_penalty=0.5)
+    assert clean == [0.0, 0.0] and bumped == [-0.5, -0.5, 0.0, 0.0]
+    solved = [_episode([b"A", b"A", b"B"], 1.0), _episode([b"A", b"C"], 0.0)]
+    assert runloop.turn_advantages(solved, "none", noop_penalty=1.0) == [[-0.5, 0.5, 0.5], [-0.5, -0.5]]
+
+
+def test_noop_fraction_counts_repeated_observations_over_all_turns() -> None:
+    group = [_episode([b"A", b"B"], 1.0), _episode([b"A", b"A", b"A", b"B"], 0.0)]
+    assert runloop.noop_fraction(group) == pytest.approx(2 / 6)
+    assert runloop.noop_fraction([]) == 0.0
+
+
+@pytest.mark.parametrize(("keys", "on_path"), [
+    ("AAB", [False, True, True]),  # a wall bump, then the way on
+    ("ABAC", [False, False, True, True]),  # a detour to B and back to A
+    ("ABCBD", [True, False, False, True, True]),  # a dead end at C
+    ("ABCA", [False, False, False, True]),  # a loop back to the start
+    ("ABCD", [True, True, True, True]),
+])
+def test_the_loop_erased_path_cuts_out_every_return_to_an_observation(keys: str, on_path: list[bool]) -> None:
+    assert runloop.loop_erased_turns(list(keys), len(keys)) == on_path
+    assert runloop.loop_erased_turns([*keys, "Z"], len(keys)) == on_path  # cut at the turn limit
+
+
+def test_path_credit_keeps_a_winning_episodes_advantage_on_its_path_only() -> None:
+    # A detour A -> C -> A before the way on; the failing episode keeps its advantage everywhere.
+    group = [_episode([b"A", b"C", b"A", b"B"], 1.0), _episode([b"A", b"A", b"D"], 0.0)]
+    assert runloop.turn_advantages(group, "none") == [[0.5] * 4, [-0.5] * 3]
+    won, lost = runloop.turn_advantages(group, "none", path_credit="drop")
+    assert won == [0.0, 0.0, 0.5, 0.5] and lost == [-0.5] * 3
+    won, lost = runloop.turn_advantages(group, "none", path_credit="shift")
+    assert won == [0.0, 0.0, 1.0, 1.0] and lost == [-0.5] * 3  # the winner's total credit stays 2.0
+
+
+def test_path_credit_moves_only_positive_advantages() -> None:
+    on_path = [False, True, True]
+    assert runloop.path_advantages(-1.0, on_path, "shift") == [-1.0] * 3
+    assert runloop.path_advantages(0.6, on_path, "off") == [0.6] * 3
+    assert runloop.path_advantages(0.6, [True] * 3, "shift") == [0.6] * 3
+    assert runloop.path_advantages(0.6, on_path, "shift") == pytest.approx([0.0, 0.9, 0.9])
