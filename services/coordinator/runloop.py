@@ -85,27 +85,25 @@ def turn_advantages(
     group: list[EpisodeResult], normalize: Normalize, discount: float = 1.0, step_weight: float = 0.0,
     noop_penalty: float = 0.0, path_credit: PathCredit = "off",
 ) -> list[list[float]]:
-    """Per episode, the advantage of each turn: the episode's group-relative advantage (with
-    `path_credit`, only on the loop-erased path of an episode that scored above its group's mean:
-    see `path_advantages`), plus `step_weight` times the step-level advantage among the group's turns taken from the same
-    observation (GiGPO), minus `noop_penalty` on turns that changed nothing (see advantages.py)."""
+    """Per episode, the advantage of each turn (see advantages.py): the episode's group-relative
+    advantage (with `path_credit`, a winner's only on its loop-erased path), plus `step_weight`
+    times the step-level advantage among the group's turns taken from the same observation
+    (GiGPO), minus `noop_penalty` on the turns that changed nothing."""
     episode = group_advantages(group_returns(group, discount), normalize)
     turns = [len(e.actions) for e in group]
-    if step_weight == 0.0:
-        per_turn = [[a] * n for a, n in zip(episode, turns, strict=True)]
-    else:
+    per_turn = [[a] * n if path_credit == "off" else
+                path_advantages(a, loop_erased_turns(e.observation_keys, n), path_credit)
+                for a, e, n in zip(episode, group, turns, strict=True)]
+    if step_weight != 0.0:
         steps = step_advantages([e.observation_keys[:n] for e, n in zip(group, turns, strict=True)],
                                 [returns_to_go(e.reward, n, discount) for e, n in zip(group, turns, strict=True)],
                                 normalize)
-        per_turn = [[a + step_weight * s for s in turn] for a, turn in zip(episode, steps, strict=True)]
-    if path_credit != "off":
-        per_turn = [[a - episode[i] + base for a, base in zip(turn, path_advantages(
-                        episode[i], loop_erased_turns(e.observation_keys, n), path_credit), strict=True)]
-                    for turn, e, n, i in zip(per_turn, group, turns, range(len(group)), strict=True)]
-    if noop_penalty == 0.0:
-        return per_turn
-    return [[a - noop_penalty * noop for a, noop in zip(turn, noop_turns(e.observation_keys, n), strict=True)]
-            for turn, e, n in zip(per_turn, group, turns, strict=True)]
+        per_turn = [[a + step_weight * s for a, s in zip(base, step, strict=True)]
+                    for base, step in zip(per_turn, steps, strict=True)]
+    if noop_penalty != 0.0:
+        per_turn = [[a - noop_penalty * noop for a, noop in zip(base, noop_turns(e.observation_keys, n), strict=True)]
+                    for base, e, n in zip(per_turn, group, turns, strict=True)]
+    return per_turn
 
 
 def noop_fraction(episodes: list[EpisodeResult]) -> float:
