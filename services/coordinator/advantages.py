@@ -19,6 +19,10 @@ nothing (in the maze: a wall bump or an unparseable action, which cost a move). 
 penalty c > 0 such a turn's advantage is lowered by c, whatever the episode's outcome: a dense,
 per-turn signal that a sparse reward gives only at the end of an episode (and a failing group, all
 0, not at all). The solve rate the runs report stays the environment's sparse reward.
+
+Path credit (`loop_erased_turns`, `path_advantages`): in an episode with a positive advantage,
+the turns cut out of its loop-erased path (wall bumps, detours that came back) get 0 instead of
+that advantage ("drop"), or their credit moves onto the path's turns ("shift").
 """
 
 from __future__ import annotations
@@ -81,12 +85,18 @@ def step_advantages(
     return out
 
 
+def _check_observations(observation_keys: Sequence[Hashable], turns: int) -> None:
+    """An episode of `turns` turns acted from `turns` observations, plus one more if it was cut at
+    the turn limit (an episode that ended has no observation after its last turn)."""
+    if not turns <= len(observation_keys) <= turns + 1:
+        raise ValueError(f"{len(observation_keys)} observations for {turns} turns")
+
+
 def noop_turns(observation_keys: Sequence[Hashable], turns: int) -> list[bool]:
     """Per turn of an episode of `turns` turns, whether it was a no-op: the observation after it
     (`observation_keys[t + 1]`) is the one it acted from (`observation_keys[t]`). The last turn
     of an episode that ended has no next observation and is not a no-op."""
-    if not turns <= len(observation_keys) <= turns + 1:
-        raise ValueError(f"{len(observation_keys)} observations for {turns} turns")
+    _check_observations(observation_keys, turns)
     return [t + 1 < len(observation_keys) and observation_keys[t + 1] == observation_keys[t] for t in range(turns)]
 
 
@@ -96,8 +106,7 @@ def loop_erased_turns(observation_keys: Sequence[Hashable], turns: int) -> list[
     observation again) and detours that came back drop out. In a deterministic environment whose
     observation is its state, the remaining turns alone lead from the start to where the episode
     ended (in a maze without cycles: the shortest way)."""
-    if not turns <= len(observation_keys) <= turns + 1:
-        raise ValueError(f"{len(observation_keys)} observations for {turns} turns")
+    _check_observations(observation_keys, turns)
     path: list[tuple[Hashable, int]] = []  # (observation, the turn taken from it), start to end
     position: dict[Hashable, int] = {}
     for t in range(turns):
@@ -118,11 +127,11 @@ def path_advantages(advantage: float, on_path: Sequence[bool], mode: PathCredit)
     are (not) on its loop-erased path. Only a positive advantage is moved: "drop" leaves the path's
     turns their advantage and gives the others 0; "shift" moves the episode's whole credit onto its
     path (each path turn gets advantage * turns / path turns), so the winners' total is kept."""
+    if mode not in ("off", "drop", "shift"):
+        raise ValueError(f"path credit must be 'off', 'drop' or 'shift', got {mode!r}")
     turns = len(on_path)
     if mode == "off" or advantage <= 0.0 or all(on_path):
         return [advantage] * turns
-    if mode not in ("drop", "shift"):
-        raise ValueError(f"path credit must be 'off', 'drop' or 'shift', got {mode!r}")
     share = advantage * turns / sum(on_path) if mode == "shift" else advantage
     return [share if on else 0.0 for on in on_path]
 

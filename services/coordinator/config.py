@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.config_files import read_config_file
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT
+from services.coordinator.advantages import Normalize, PathCredit
 
 
 class _Strict(BaseModel):
@@ -52,7 +53,7 @@ class GrpoSettings(_Strict):
 
     group_size: int = Field(8, ge=2, le=256, description="G: episodes per maze, all on the same maze.")
     mazes_per_step: int = Field(8, ge=1, le=1024, description="B: groups per training step.")
-    advantage_norm: Literal["std", "none"] = Field(
+    advantage_norm: Normalize = Field(
         "std", description="'std': GRPO (r - mean)/std; 'none': Dr. GRPO (r - mean)."
     )
     discount: float = Field(
@@ -69,7 +70,7 @@ class GrpoSettings(_Strict):
         description="Subtracted from the advantage of every turn after which the observation images did not "
                     "change (a wall bump in the maze), whatever the episode's reward (0 = off).",
     )
-    path_credit: Literal["off", "drop", "shift"] = Field(
+    path_credit: PathCredit = Field(
         "off",
         description="In an episode that scored above its group's mean, only the turns on its loop-erased path "
                     "(wall bumps and detours that came back cut out) carry the episode's advantage: 'drop' gives "
