@@ -29,15 +29,33 @@ class EnvSettings(_Strict):
     options: dict[str, str] = Field(
         default_factory=dict, description="Extra environment options passed through unchanged."
     )
+    random_start: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="Share of training mazes whose episodes start on a cell drawn uniformly among those other "
+                    "than the goal (exploring starts); evals always start where the eval set says.",
+    )
 
     @model_validator(mode="after")
     def _odd(self) -> EnvSettings:
         if self.size % 2 == 0:
             raise ValueError(f"env.size must be odd, got {self.size}")
+        if self.random_start > 0 and "start" in self.options:
+            raise ValueError("env.random_start draws the start cell: it cannot be combined with env.options.start")
         return self
 
     def spec_options(self) -> dict[str, str]:
         return {"size": str(self.size), **self.options}
+
+    @property
+    def cells_per_side(self) -> int:
+        return (self.size - 1) // 2
+
+    def goal_cell(self) -> tuple[int, int]:
+        """The goal cell the env will use: `options.goal` ("row,col") or the bottom-right cell."""
+        if "goal" not in self.options:
+            return self.cells_per_side - 1, self.cells_per_side - 1
+        row, col = (int(part) for part in self.options["goal"].split(","))
+        return row, col
 
 
 class SamplingSettings(_Strict):

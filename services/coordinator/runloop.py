@@ -41,7 +41,7 @@ from services.coordinator.advantages import (
     step_advantages,
 )
 from services.coordinator.clients import Services
-from services.coordinator.config import RunConfig
+from services.coordinator.config import EnvSettings, RunConfig
 from services.coordinator.episodes import EpisodeResult, Sampling, Timers, play_episodes
 from services.coordinator.evaluation import EvalPlan, episode_record, run_eval
 from services.coordinator.store import RunState, RunStore
@@ -74,6 +74,23 @@ def step_seeds(run_seed: int, step: int, round_index: int, count: int, exclude: 
         if seed not in exclude and seed not in seeds:
             seeds.append(seed)
     return seeds
+
+
+def training_options(env: EnvSettings, run_seed: int, step: int, round_index: int, maze_seed: int) -> dict[str, str]:
+    """Env options of one training maze: the run's, and with `env.random_start` p, for a share p
+    of the mazes, a start cell drawn uniformly among the cells other than the goal (exploring
+    starts; all G episodes of the group start there). A pure function of its arguments, so a
+    replayed step plays the same episodes."""
+    options = env.spec_options()
+    if env.random_start == 0.0:
+        return options
+    rng = random.Random(f"mmrl:{run_seed}:{step}:{round_index}:{maze_seed}:start")
+    if rng.random() >= env.random_start:
+        return options
+    goal = env.goal_cell()
+    cells = [(r, c) for r in range(env.cells_per_side) for c in range(env.cells_per_side) if (r, c) != goal]
+    row, col = rng.choice(cells)
+    return {**options, "start": f"{row},{col}"}
 
 
 def group_returns(group: list[EpisodeResult], discount: float) -> list[float]:
@@ -296,7 +313,8 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
         needed = cfg.grpo.mazes_per_step - len(groups)
         seeds = step_seeds(cfg.seed, step, round_index, needed + (cfg.grpo.extra_mazes if dynamic else 0),
                            eval_seeds)
-        specs = [env_pb2.EpisodeSpec(seed=s, max_moves=cfg.env.max_moves, options=cfg.env.spec_options())
+        specs = [env_pb2.EpisodeSpec(seed=s, max_moves=cfg.env.max_moves,
+                                     options=training_options(cfg.env, cfg.seed, step, round_index, s))
                  for s in seeds]
         episodes = await play_episodes(
             ctx.services, ctx.tokenizer, ctx.chat, specs, samples_per_spec=cfg.grpo.group_size,

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from services.coordinator.config import RunConfig, load_run_config
-from services.coordinator.runloop import TRAIN_SEED_LIMIT, step_seeds
+from services.coordinator.config import EnvSettings, RunConfig, load_run_config
+from services.coordinator.runloop import TRAIN_SEED_LIMIT, step_seeds, training_options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,3 +74,34 @@ def test_training_seeds_never_touch_the_eval_sets() -> None:
     for step in range(0, 300):
         for seed in step_seeds(0, step, step % 3, 16, eval_seeds):
             assert seed not in eval_seeds and not is_eval_seed(seed)
+
+
+def test_training_mazes_keep_the_default_start_without_random_start() -> None:
+    env = EnvSettings(size=9)
+    assert all(training_options(env, 0, step, 0, 123) == {"size": "9"} for step in range(50))
+
+
+def test_random_start_draws_a_share_of_start_cells_other_than_the_goal() -> None:
+    env = EnvSettings(size=9, random_start=0.5)
+    options = [training_options(env, 0, step, 0, seed) for step in range(40) for seed in range(50)]
+    starts = [o["start"] for o in options if "start" in o]
+    assert 0.45 < len(starts) / len(options) < 0.55
+    assert set(starts) == {f"{r},{c}" for r in range(4) for c in range(4)} - {"3,3"}
+    assert all(o["size"] == "9" for o in options)
+    # a pure function of its arguments: a replayed step plays the same episodes
+    assert training_options(env, 0, 7, 1, 99) == training_options(env, 0, 7, 1, 99)
+    every = EnvSettings(size=9, random_start=1.0)
+    assert all("start" in training_options(every, 0, 1, 0, seed) for seed in range(100))
+
+
+def test_random_start_avoids_a_goal_set_by_options() -> None:
+    env = EnvSettings(size=7, random_start=1.0, options={"goal": "0,0"})
+    starts = {training_options(env, 3, 1, 0, seed)["start"] for seed in range(300)}
+    assert starts == {f"{r},{c}" for r in range(3) for c in range(3)} - {"0,0"}
+
+
+def test_random_start_is_validated() -> None:
+    with pytest.raises(ValidationError, match="env.options.start"):
+        EnvSettings(random_start=0.5, options={"start": "1,1"})
+    with pytest.raises(ValidationError):
+        EnvSettings(random_start=1.5)
