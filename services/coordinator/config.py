@@ -39,8 +39,13 @@ class EnvSettings(_Strict):
     def _odd(self) -> EnvSettings:
         if self.size % 2 == 0:
             raise ValueError(f"env.size must be odd, got {self.size}")
-        if self.random_start > 0 and "start" in self.options:
-            raise ValueError("env.random_start draws the start cell: it cannot be combined with env.options.start")
+        if self.random_start > 0:
+            if "start" in self.options:
+                raise ValueError("env.random_start draws the start cell: it cannot be combined with env.options.start")
+            try:
+                self.goal_cell()
+            except ValueError:
+                raise ValueError(f"env.options.goal must be 'row,col', got {self.options['goal']!r}") from None
         return self
 
     def spec_options(self) -> dict[str, str]:

@@ -105,3 +105,5 @@ def test_random_start_is_validated() -> None:
         EnvSettings(random_start=0.5, options={"start": "1,1"})
     with pytest.raises(ValidationError):
         EnvSettings(random_start=1.5)
+    with pytest.raises(ValidationError, match="row,col"):
+        EnvSettings(random_start=0.5, options={"goal": "3;3"})
