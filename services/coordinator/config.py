@@ -15,6 +15,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from services.common.config_files import read_config_file
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT
 from services.coordinator.advantages import Normalize, PathCredit
+from services.env.errors import EnvError
+from services.env.maze import Cell, num_cells_per_side
+from services.env.spec import cell_option
 
 
 class _Strict(BaseModel):
@@ -44,23 +47,17 @@ class EnvSettings(_Strict):
                 raise ValueError("env.random_start draws the start cell: it cannot be combined with env.options.start")
             try:
                 self.goal_cell()
-            except ValueError:
-                raise ValueError(f"env.options.goal must be 'row,col', got {self.options['goal']!r}") from None
+            except EnvError as error:
+                raise ValueError(error.message) from None
         return self
 
     def spec_options(self) -> dict[str, str]:
         return {"size": str(self.size), **self.options}
 
-    @property
-    def cells_per_side(self) -> int:
-        return (self.size - 1) // 2
-
-    def goal_cell(self) -> tuple[int, int]:
-        """The goal cell the env will use: `options.goal` ("row,col") or the bottom-right cell."""
-        if "goal" not in self.options:
-            return self.cells_per_side - 1, self.cells_per_side - 1
-        row, col = (int(part) for part in self.options["goal"].split(","))
-        return row, col
+    def goal_cell(self) -> Cell:
+        """The goal as the maze env reads `options.goal` (its `cell_option`), else the bottom-right cell."""
+        side = num_cells_per_side(self.size)
+        return cell_option(self.options, "goal", (side - 1, side - 1), side, "env")
 
 
 class SamplingSettings(_Strict):

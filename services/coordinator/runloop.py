@@ -46,6 +46,7 @@ from services.coordinator.episodes import EpisodeResult, Sampling, Timers, play_
 from services.coordinator.evaluation import EvalPlan, episode_record, run_eval
 from services.coordinator.store import RunState, RunStore
 from services.env.evalset import TRAIN_SEED_LIMIT  # training maze seeds are drawn below it
+from services.env.maze import num_cells_per_side
 
 log = logging.getLogger("mmrl.coordinator.runloop")
 
@@ -87,8 +88,8 @@ def training_options(env: EnvSettings, run_seed: int, step: int, round_index: in
     rng = random.Random(f"mmrl:{run_seed}:{step}:{round_index}:{maze_seed}:start")
     if rng.random() >= env.random_start:
         return options
-    goal = env.goal_cell()
-    cells = [(r, c) for r in range(env.cells_per_side) for c in range(env.cells_per_side) if (r, c) != goal]
+    goal, side = env.goal_cell(), num_cells_per_side(env.size)
+    cells = [(r, c) for r in range(side) for c in range(side) if (r, c) != goal]
     row, col = rng.choice(cells)
     return {**options, "start": f"{row},{col}"}
 

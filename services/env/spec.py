@@ -77,7 +77,8 @@ def _int_option(options: Mapping[str, str], name: str, default: int, where: str)
         raise invalid(f"{where}.options.{name}", f"must be an integer, got {text!r}") from None
 
 
-def _cell_option(options: Mapping[str, str], name: str, default: Cell, n: int, where: str) -> Cell:
+def cell_option(options: Mapping[str, str], name: str, default: Cell, n: int, where: str) -> Cell:
+    """The cell option `name` ("row,col", within the n x n cells), or `default` if absent."""
     text = options.get(name)
     if text is None:
         return default
@@ -120,8 +121,8 @@ def parse_spec(spec: SpecLike, config: EnvConfig, where: str = "spec") -> Episod
         raise invalid(f"{where}.options.require_stop", f"must be true or false, got {require_stop_text!r}")
 
     n = num_cells_per_side(size)
-    start = _cell_option(options, "start", (0, 0), n, where)
-    goal = _cell_option(options, "goal", (n - 1, n - 1), n, where)
+    start = cell_option(options, "start", (0, 0), n, where)
+    goal = cell_option(options, "goal", (n - 1, n - 1), n, where)
     if start == goal:
         raise invalid(f"{where}.options.goal", f"must differ from start, both are {start}")
     return EpisodeSettings(
