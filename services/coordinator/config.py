@@ -96,6 +96,15 @@ class GrpoSettings(_Strict):
                     "(wall bumps and detours that came back cut out) carry the episode's advantage: 'drop' gives "
                     "the other turns 0, 'shift' also moves their credit onto the path's turns.",
     )
+    hindsight_advantage: float = Field(
+        0.0, ge=0.0, le=10.0,
+        description="Hindsight relabelling: failed episodes (of kept and dropped groups) are played again with "
+                    "the cell they ended on as the goal, along their loop-erased path, and trained on with this "
+                    "advantage on every action (0 = off; see services/coordinator/hindsight.py).",
+    )
+    hindsight_max_episodes: int = Field(
+        32, ge=1, le=4096, description="At most this many relabelled episodes per step (spread over the mazes)."
+    )
     clip_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower PPO clip: ratio >= 1 - clip_low.")
     clip_high: float = Field(0.28, ge=0.0, le=10.0, description="Upper PPO clip (DAPO clip-higher).")
     kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL to the adapter-free reference.")

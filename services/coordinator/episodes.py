@@ -45,6 +45,8 @@ class EpisodeResult:
     # One digest per turn of the images the action was chosen from: equal digests within a group
     # mark the same environment state (step-level advantages group turns by it).
     observation_keys: list[str] = field(default_factory=list)
+    # The digest of the observation the episode ended on ("" while it runs): where it got to.
+    final_observation_key: str = ""
 
     @property
     def solved(self) -> bool:
@@ -157,11 +159,12 @@ async def play_episodes(
                 episode = results[i]
                 episode.reward = state.reward
                 episode.info = MessageToDict(state.info)
-                if keep_frames:
-                    episode.frames += [img.data for img in state.observation.images]
-                if state.done:
-                    continue
                 frames = [img.data for img in state.observation.images]
+                if keep_frames:
+                    episode.frames += frames
+                if state.done:
+                    episode.final_observation_key = observation_key(frames)
+                    continue
                 episode.conversation.add_observation(tokenizer, state.observation.text, frames)
                 episode.observation_keys.append(observation_key(frames))
                 still_active.append(i)

@@ -27,6 +27,7 @@ from typing import Any
 from mmrl.v1 import env_pb2, learner_pb2, rollout_pb2
 from services.common.conversation import ChatTokens, Tokenizer
 from services.common.trajectory import Trajectory
+from services.coordinator import hindsight
 from services.coordinator.advantages import (
     Normalize,
     PathCredit,
@@ -221,6 +222,16 @@ async def execute_run(ctx: RunContext) -> RunState:
             trajectories = to_trajectories(groups, cfg.grpo.advantage_norm, step, cfg.grpo.discount,
                                            cfg.grpo.step_advantage_weight, cfg.grpo.noop_penalty,
                                            cfg.grpo.path_credit)
+            #    With hindsight relabelling, failed episodes replayed to where they ended, spread over
+            #    the mini-batches.
+            relabelled: list[Trajectory] = []
+            if cfg.grpo.hindsight_advantage > 0.0:
+                relabels = hindsight.select(groups + sampled.dropped, cfg.grpo.hindsight_max_episodes)
+                convs = await hindsight.replay(svc, ctx.tokenizer, ctx.chat, relabels,
+                                               system_prompt=cfg.system_prompt, timers=timers)
+                relabelled = hindsight.to_trajectories(convs, cfg.grpo.hindsight_advantage, step,
+                                                       sampled.adapter_version)
+            trajectories = interleave(trajectories, relabelled)
 
             # 5. Train (rollout engine asleep in colocated mode; with async_rollout the next step is
             #    sampled meanwhile, by the policy of this step's start), publish, 6. load on every replica.
@@ -256,6 +267,7 @@ async def execute_run(ctx: RunContext) -> RunState:
                 "groups/num_informative": sum(
                     is_informative(group_returns(g, cfg.grpo.discount)) for g in groups),
                 "groups/num_dropped": sampled.num_dropped,
+                "hindsight/num": len(relabelled),
                 "tokens/generated": sum(sum(t.loss_mask) for t in trajectories),
                 "adapter/sampled_with": sampled_with,
                 "adapter/published": adapter_version,
@@ -292,6 +304,7 @@ class SampledStep:
 
     groups: list[list[EpisodeResult]]
     adapter_version: int
+    dropped: list[list[EpisodeResult]]  # groups played but not trained on (all rewards equal)
     num_played: int
     num_dropped: int
     timers: Timers
@@ -307,6 +320,7 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
     timers = Timers()
     groups: list[list[EpisodeResult]] = []
     uninformative: list[list[EpisodeResult]] = []
+    dropped: list[list[EpisodeResult]] = []
     num_played = 0
     dynamic = cfg.grpo.dynamic_sampling
     rounds = cfg.grpo.max_sampling_rounds if dynamic else 1
@@ -330,12 +344,23 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
             informative = not dynamic or is_informative(group_returns(group, cfg.grpo.discount))
             (keep if informative else uninformative).append(group)
         groups.extend(keep[:needed])
-        if len(groups) >= cfg.grpo.mazes_per_step:
+        dropped.extend(keep[needed:])
+        if len(groups) >= cfg.grpo.mazes_per_step or round_index == rounds - 1:
             break
-    groups.extend(uninformative[: cfg.grpo.mazes_per_step - len(groups)])  # no signal, but a full batch
-    num_groups_played = num_played // cfg.grpo.group_size
-    return SampledStep(groups=groups, adapter_version=adapter_version, num_played=num_played,
-                       num_dropped=num_groups_played - len(groups), timers=timers)
+        dropped.extend(uninformative)
+    filler = cfg.grpo.mazes_per_step - len(groups)
+    groups.extend(uninformative[:filler])  # no signal, but a full batch
+    dropped.extend(uninformative[filler:])
+    return SampledStep(groups=groups, adapter_version=adapter_version, dropped=dropped,
+                       num_played=num_played, num_dropped=len(dropped), timers=timers)
+
+
+def interleave(main: list[Trajectory], extra: list[Trajectory]) -> list[Trajectory]:
+    """`main` in order with `extra` spread evenly through it, so that the learner's contiguous
+    mini-batches each get their share of both."""
+    keyed = [((i + 1) / (len(main) + 1), 0, t) for i, t in enumerate(main)]
+    keyed += [((j + 1) / (len(extra) + 1), 1, t) for j, t in enumerate(extra)]
+    return [t for *_, t in sorted(keyed, key=lambda k: (k[0], k[1]))]
 
 
 async def publish_and_load(ctx: RunContext, timers: Timers) -> int:

@@ -54,6 +54,7 @@ def test_dropped_groups_are_replaced_by_a_later_round(monkeypatch: pytest.Monkey
     step, per_round = _step(monkeypatch, informative={0, 2, 4, 5}, max_sampling_rounds=3)
     assert per_round == [4, 2] and _mazes(step) == [0, 2, 4, 5]
     assert step.num_dropped == 2 and step.num_played == 12
+    assert [group[0].group_index for group in step.dropped] == [1, 3]
 
 
 def test_extra_mazes_replace_dropped_groups_in_the_same_round(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,6 +68,9 @@ def test_the_last_round_fills_the_batch_with_dropped_groups(monkeypatch: pytest.
     # Round 1: mazes 0-4, only 1 informative; round 2: 3 needed + 1 extra = mazes 5-8, 5 informative.
     assert per_round == [5, 4] and _mazes(step) == [1, 5, 6, 7]
     assert step.num_dropped == 9 - 4
+    # What was played and not kept, for hindsight relabelling: round 1's uninformative mazes, then
+    # round 2's one left over.
+    assert [group[0].group_index for group in step.dropped] == [0, 2, 3, 4, 8]
 
 
 def test_with_a_discount_solved_groups_of_different_lengths_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,198 @@
+"""Hindsight relabelling (services/coordinator/hindsight.py): which way a failed episode is relabelled
+with, how relabellings are chosen, and the replay on a real env service (grpc.aio on loopback)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from mmrl.v1 import env_pb2, env_pb2_grpc
+from services.common.conversation import ChatTokens, TokenConversation, expand_image_placeholders
+from services.common.grpc_server import start_server
+from services.common.trajectory import Trajectory
+from services.coordinator import hindsight, runloop
+from services.coordinator.clients import CallPolicy, EnvClient, Services
+from services.coordinator.episodes import EpisodeResult, Timers, observation_key
+from services.env.config import EnvConfig
+from services.env.environment import MazeEnv
+from services.env.maze import DIRECTIONS, generate_maze, solve
+from services.env.servicer import SERVICE_NAME, EnvServicer
+
+CHAT = ChatTokens(im_start=1, im_end=2, vision_start=3, image_pad=4, vision_end=5, newline=(6,),
+                  user_header=(1, 7), assistant_header=(1, 8), system_header=(1, 9))
+TOKENS_PER_IMAGE = 3
+OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
+
+
+class CharTokenizer:
+    """One token per character, above the chat template's ids."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [100 + ord(c) for c in text]
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        raise NotImplementedError
+
+
+def _keyed(keys: list[str], final: str, *, solved: bool = False, position: tuple[int, int] = (1, 1),
+           seed: int = 1, actions: list[str] | None = None) -> EpisodeResult:
+    """An episode that acted from observations `keys` and ended on `final`."""
+    return EpisodeResult(spec=env_pb2.EpisodeSpec(seed=seed, max_moves=20), group_index=0,
+                         conversation=TokenConversation(CHAT), actions=actions or ["up"] * len(keys),
+                         reward=float(solved), info={"solved": solved, "position": list(position)},
+                         observation_keys=keys, final_observation_key=final)
+
+
+def test_relabel_keeps_the_loop_erased_way_to_where_the_episode_ended() -> None:
+    # S -> A -> B -> A (back) -> B -> B (a wall bump) -> C: the way to C is S->A (turn 0), A->B (turn 3),
+    # B->C (turn 5).
+    found = hindsight.relabel(_keyed(["S", "A", "B", "A", "B", "B"], "C", position=(2, 1)))
+    assert found is not None
+    assert found.turns == (0, 3, 5) and found.options == {"goal": "2,1"}
+
+
+def test_relabel_cuts_the_loop_back_to_a_cell_already_on_the_way() -> None:
+    # S -> A -> B -> A: it ended on A, one move from the start.
+    found = hindsight.relabel(_keyed(["S", "A", "B"], "A"))
+    assert found is not None and found.turns == (0,)
+
+
+def test_relabel_keeps_the_episodes_own_options() -> None:
+    episode = _keyed(["S", "A"], "B", position=(0, 2))
+    episode.spec.options["start"] = "0,0"
+    found = hindsight.relabel(episode)
+    assert found is not None and found.options == {"start": "0,0", "goal": "0,2"}
+
+
+@pytest.mark.parametrize("episode", [
+    _keyed(["S", "A"], "B", solved=True),     # solved: nothing to relabel
+    _keyed(["S", "A", "B"], "S"),             # back where it started
+    _keyed(["S", "S"], "S"),                  # bumped into walls only
+])
+def test_relabel_refuses_episodes_with_no_way_to_learn(episode: EpisodeResult) -> None:
+    assert hindsight.relabel(episode) is None
+
+
+def test_an_episode_cut_at_the_turn_limit_ends_on_its_last_observation() -> None:
+    episode = _keyed(["S", "A", "B"], "")
+    episode.actions = episode.actions[:2]
+    found = hindsight.relabel(episode)
+    assert found is not None and found.turns == (0, 1)
+
+
+def test_select_spreads_over_groups_skips_duplicates_and_keeps_the_limit() -> None:
+    def group(seed: int, ways: list[list[str]]) -> list[EpisodeResult]:
+        return [_keyed(["S", "A"], "B", seed=seed, actions=way) for way in ways]
+
+    groups = [group(1, [["up", "up"], ["up", "up"], ["up", "left"]]), group(2, [["down", "down"]])]
+    chosen = hindsight.select(groups, limit=10)
+    # Round-robin: group 1's first, group 2's first, then group 1's third (its second repeats its first).
+    assert [(r.episode.spec.seed, r.episode.actions) for r in chosen] == [
+        (1, ["up", "up"]), (2, ["down", "down"]), (1, ["up", "left"])]
+    assert len(hindsight.select(groups, limit=2)) == 2
+
+
+def test_interleave_spreads_the_extra_trajectories_over_the_minibatches() -> None:
+    def traj(name: str) -> Trajectory:
+        return Trajectory(trajectory_id=name, token_ids=(1,), loss_mask=(1,), logprobs=(0.0,), advantages=(1.0,))
+
+    main = [traj(f"m{i}") for i in range(8)]
+    extra = [traj(f"h{i}") for i in range(4)]
+    merged = [t.trajectory_id for t in runloop.interleave(main, extra)]
+    assert [n for n in merged if n.startswith("m")] == [f"m{i}" for i in range(8)]
+    assert [n for n in merged if n.startswith("h")] == [f"h{i}" for i in range(4)]
+    # Four contiguous mini-batches of three: one relabelled episode in each.
+    assert [sum(n.startswith("h") for n in merged[k:k + 3]) for k in range(0, 12, 3)] == [1, 1, 1, 1]
+    assert runloop.interleave(main, []) == main
+
+
+@pytest.fixture
+async def env_services() -> AsyncIterator[Services]:
+    servicer = EnvServicer(MazeEnv(EnvConfig(max_live_episodes=64, max_batch=64)))
+    running = await start_server(
+        lambda server: env_pb2_grpc.add_EnvServiceServicer_to_server(servicer, server), SERVICE_NAME, "127.0.0.1:0"
+    )
+    env = EnvClient(f"127.0.0.1:{running.port}", CallPolicy(retries=0))
+    yield Services(env=env, rollouts=[], learner=None)  # type: ignore[arg-type]
+    await env.close()
+    await running.stop(grace_s=0)
+
+
+async def _play(services: Services, spec: env_pb2.EpisodeSpec, actions: list[str]) -> EpisodeResult:
+    """Plays `actions` on the env service as the coordinator does, a stand-in engine generating each
+    action's characters and <|im_end|>."""
+    tokenizer = CharTokenizer()
+    created = await services.env.stub.CreateEpisodes(env_pb2.CreateEpisodesRequest(specs=[spec]))
+    state = created.episodes[0]
+    conv = TokenConversation(CHAT)
+    frames = [img.data for img in state.observation.images]
+    conv.add_observation(tokenizer, state.observation.text, frames)
+    episode = EpisodeResult(spec=spec, group_index=0, conversation=conv, observation_keys=[observation_key(frames)])
+    for action in actions:
+        expanded = expand_image_placeholders(conv.compact_ids, CHAT.image_pad, [TOKENS_PER_IMAGE] * len(conv.images))
+        conv.add_generation(expanded, [*tokenizer.encode(action), CHAT.im_end], [-0.1] * (len(action) + 1))
+        episode.actions.append(action)
+        stepped = await services.env.stub.Step(env_pb2.StepRequest(
+            actions=[env_pb2.EpisodeAction(episode_id=state.episode_id, action=action)]))
+        state = stepped.episodes[0]
+        episode.reward = state.reward
+        episode.info = {"solved": state.info["solved"], "position": list(state.info["position"])}
+        frames = [img.data for img in state.observation.images]
+        if state.done:
+            episode.final_observation_key = observation_key(frames)
+            break
+        conv.add_observation(tokenizer, state.observation.text, frames)
+        episode.observation_keys.append(observation_key(frames))
+    return episode
+
+
+async def test_replay_plays_the_way_again_with_the_end_as_the_goal(env_services: Services) -> None:
+    maze = generate_maze(3, 9)
+    way = solve(maze)
+    assert len(way) >= 6
+    first, second, third = way[:3]
+    here = maze.neighbour(maze.neighbour(maze.start, first), second)  # type: ignore[arg-type]
+    bump = next(d for d in DIRECTIONS if not maze.can_move(here, d))  # type: ignore[arg-type]
+    # Two optimal moves, back and forth, a wall bump, the third optimal move: out of moves, unsolved.
+    actions = [first, second, OPPOSITE[second], second, bump, third]
+    episode = await _play(env_services, env_pb2.EpisodeSpec(seed=3, max_moves=6), actions)
+    assert episode.info["solved"] is False and episode.final_observation_key
+
+    found = hindsight.relabel(episode)
+    assert found is not None and found.turns == (0, 3, 5)
+    end = maze.neighbour(here, third)  # type: ignore[arg-type]
+    assert found.options == {"goal": f"{end[0]},{end[1]}"}  # type: ignore[index]
+
+    timers = Timers()
+    convs = await hindsight.replay(env_services, CharTokenizer(), CHAT, [found], system_prompt="", timers=timers)
+    assert len(convs) == 1 and timers.seconds["hindsight"] > 0
+    conv = convs[0]
+    assert conv.num_turns == 3 and len(conv.images) == 3
+    generated = [[t for t, m in zip(conv.record_ids[s:], conv.loss_mask[s:], strict=True) if m][: len(a) + 1]
+                 for s, a in zip(conv.turn_starts, (first, second, third), strict=True)]
+    assert generated == [[*CharTokenizer().encode(a), CHAT.im_end] for a in (first, second, third)]
+    assert conv.record_ids.count(CHAT.image_pad) == 3 * TOKENS_PER_IMAGE
+    # The frames are the environment's with the goal where the episode ended.
+    created = await env_services.env.stub.CreateEpisodes(env_pb2.CreateEpisodesRequest(
+        specs=[env_pb2.EpisodeSpec(seed=3, max_moves=6, options=found.options)]))
+    assert conv.images[0] == created.episodes[0].observation.images[0].data
+    assert conv.images[0] != episode.conversation.images[0]
+
+    (traj,) = hindsight.to_trajectories(convs, 1.5, step=7, adapter_version=2)
+    traj.validate()
+    assert traj.reward == 1.0 and traj.group_id == "s7-hindsight" and set(traj.logprobs) == {0.0}
+    assert {a for a, m in zip(traj.advantages, traj.loss_mask, strict=True) if m} == {1.5}
+    assert {a for a, m in zip(traj.advantages, traj.loss_mask, strict=True) if not m} == {0.0}
+
+
+async def test_a_replay_that_does_not_reach_its_goal_is_left_out(env_services: Services) -> None:
+    maze = generate_maze(3, 9)
+    way = solve(maze)
+    episode = await _play(env_services, env_pb2.EpisodeSpec(seed=3, max_moves=3), way[:3])
+    found = hindsight.relabel(episode)
+    assert found is not None and found.turns == (0, 1, 2)
+    short = hindsight.Relabel(episode=found.episode, options=found.options, turns=found.turns[:2])
+    convs = await hindsight.replay(env_services, CharTokenizer(), CHAT, [short, found], system_prompt="",
+                                   timers=Timers())
+    assert [c.num_turns for c in convs] == [3]
