@@ -231,7 +231,6 @@ async def execute_run(ctx: RunContext) -> RunState:
                                                system_prompt=cfg.system_prompt, timers=timers)
                 relabelled = hindsight.to_trajectories(convs, cfg.grpo.hindsight_advantage, step,
                                                        sampled.adapter_version)
-            trajectories = interleave(trajectories, relabelled)
 
             # 5. Train (rollout engine asleep in colocated mode; with async_rollout the next step is
             #    sampled meanwhile, by the policy of this step's start), publish, 6. load on every replica.
@@ -240,7 +239,8 @@ async def execute_run(ctx: RunContext) -> RunState:
             started = time.perf_counter()
             training = asyncio.create_task(learner.call(
                 "TrainStep", learner.stub.TrainStep,
-                learner_pb2.TrainStepRequest(run_id=run_id, trajectories=[t.to_proto() for t in trajectories])))
+                learner_pb2.TrainStepRequest(run_id=run_id, trajectories=[
+                    t.to_proto() for t in interleave(trajectories, relabelled)])))
             if cfg.grpo.async_rollout and step < cfg.steps:  # (never colocated: the config refuses both)
                 pending = asyncio.create_task(sample_step(ctx, step + 1, adapter_version, sampling, eval_seeds))
             train = await training
@@ -306,8 +306,11 @@ class SampledStep:
     adapter_version: int
     dropped: list[list[EpisodeResult]]  # groups played but not trained on (all rewards equal)
     num_played: int
-    num_dropped: int
     timers: Timers
+
+    @property
+    def num_dropped(self) -> int:
+        return len(self.dropped)
 
 
 async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling: Sampling,
@@ -352,7 +355,7 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
     groups.extend(uninformative[:filler])  # no signal, but a full batch
     dropped.extend(uninformative[filler:])
     return SampledStep(groups=groups, adapter_version=adapter_version, dropped=dropped,
-                       num_played=num_played, num_dropped=len(dropped), timers=timers)
+                       num_played=num_played, timers=timers)
 
 
 def interleave(main: list[Trajectory], extra: list[Trajectory]) -> list[Trajectory]:
