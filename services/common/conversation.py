@@ -160,3 +160,8 @@ class TokenConversation:
     @property
     def num_turns(self) -> int:
         return len(self.turn_starts)
+
+    @property
+    def num_recorded_images(self) -> int:
+        """Images whose placeholders made it into the record (a last, unanswered observation did not)."""
+        return sum(1 for t in self.record_ids if t == self.chat.vision_start)

@@ -91,6 +91,16 @@ async def _generate_split(
     return [result for reply in replies for result in reply.results]
 
 
+def open_conversation(tokenizer: Tokenizer, chat: ChatTokens, system_prompt: str,
+                      state: env_pb2.EpisodeState) -> TokenConversation:
+    """A new episode's conversation: the system turn (if any) and its first observation."""
+    conv = TokenConversation(chat)
+    if system_prompt:
+        conv.add_system(tokenizer, system_prompt)
+    conv.add_observation(tokenizer, state.observation.text, [img.data for img in state.observation.images])
+    return conv
+
+
 async def play_episodes(
     services: Services,
     tokenizer: Tokenizer,
@@ -115,15 +125,11 @@ async def play_episodes(
     timers.add("env", started)
     results: list[EpisodeResult] = []
     for index, (spec, state) in enumerate(zip(all_specs, created.episodes, strict=True)):
-        conv = TokenConversation(chat)
-        if system_prompt:
-            conv.add_system(tokenizer, system_prompt)
-        frames = [img.data for img in state.observation.images]
-        conv.add_observation(tokenizer, state.observation.text, frames)
+        conv = open_conversation(tokenizer, chat, system_prompt, state)
         results.append(EpisodeResult(spec=spec, group_index=index // samples_per_spec, conversation=conv,
-                                     frames=list(frames) if keep_frames else [],
+                                     frames=list(conv.images) if keep_frames else [],
                                      adapter_version=adapter_version, episode_id=state.episode_id,
-                                     observation_keys=[observation_key(frames)]))
+                                     observation_keys=[observation_key(conv.images)]))
     active = list(range(len(results)))
     try:
         for turn in range(max_turns):

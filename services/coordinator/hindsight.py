@@ -28,7 +28,7 @@ from services.common.conversation import ChatTokens, TokenConversation, Tokenize
 from services.common.trajectory import Trajectory
 from services.coordinator.advantages import loop_erased_turns, per_turn_token_advantages
 from services.coordinator.clients import Services
-from services.coordinator.episodes import EpisodeResult, Timers
+from services.coordinator.episodes import EpisodeResult, Timers, open_conversation
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,7 @@ def _generated_ids(conv: TokenConversation, turn: int) -> list[int]:
 
 def _tokens_per_image(conv: TokenConversation, chat: ChatTokens) -> int:
     """The engine's expansion of one image placeholder (frames of a run share one size)."""
-    images = sum(1 for t in conv.record_ids if t == chat.vision_start)
-    return sum(1 for t in conv.record_ids if t == chat.image_pad) // max(images, 1)
+    return sum(1 for t in conv.record_ids if t == chat.image_pad) // max(conv.num_recorded_images, 1)
 
 
 async def replay(
@@ -105,13 +104,7 @@ async def replay(
     created = await services.env.call("CreateEpisodes", services.env.stub.CreateEpisodes,
                                       env_pb2.CreateEpisodesRequest(specs=specs))
     ids = [state.episode_id for state in created.episodes]
-    convs = []
-    for state in created.episodes:
-        conv = TokenConversation(chat)
-        if system_prompt:
-            conv.add_system(tokenizer, system_prompt)
-        conv.add_observation(tokenizer, state.observation.text, [img.data for img in state.observation.images])
-        convs.append(conv)
+    convs = [open_conversation(tokenizer, chat, system_prompt, state) for state in created.episodes]
     per_image = [_tokens_per_image(r.episode.conversation, chat) for r in relabels]
     solved = [False] * len(relabels)
     try:

@@ -144,15 +144,10 @@ def to_trajectories(
                 trajectory_id=f"s{step}-g{g}-e{k}", token_ids=tuple(conv.record_ids),
                 loss_mask=tuple(conv.loss_mask), logprobs=tuple(conv.logprobs),
                 advantages=tuple(per_turn_token_advantages(turns, conv.loss_mask, conv.turn_starts)),
-                turn_starts=tuple(conv.turn_starts), images=tuple(conv.images[: _images_used(conv)]),
+                turn_starts=tuple(conv.turn_starts), images=tuple(conv.images[: conv.num_recorded_images]),
                 adapter_version=episode.adapter_version, reward=episode.reward, group_id=f"s{step}-g{g}",
             ))
     return trajectories
-
-
-def _images_used(conv: Any) -> int:
-    """Images whose placeholders made it into the record (a last, unanswered observation did not)."""
-    return sum(1 for t in conv.record_ids if t == conv.chat.vision_start)
 
 
 async def execute_run(ctx: RunContext) -> RunState:
