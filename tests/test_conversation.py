@@ -59,3 +59,19 @@ def test_placeholder_and_image_counts_must_agree() -> None:
     with pytest.raises(ValueError):
         expand_image_placeholders([1, 9, 2], image_pad=9, tokens_per_image=[3, 3])
     assert expand_image_placeholders([1, 9, 2], image_pad=9, tokens_per_image=[3]) == [1, 9, 9, 9, 2]
+
+
+def test_a_trajectory_carries_the_record_and_only_the_images_a_turn_answered(tokenizer) -> None:
+    chat = ChatTokens.from_tokenizer(tokenizer)
+    conv = TokenConversation(chat)
+    conv.add_observation(tokenizer, "Moves left: 20.", [b"frame-1"])
+    down = tokenizer.encode("down", add_special_tokens=False) + [chat.im_end]
+    conv.add_generation(_engine_expand(conv, chat), down, [-0.5] * len(down))
+    conv.add_observation(tokenizer, "Moves left: 19.", [b"frame-2"])  # the episode ends before answering it
+
+    traj = conv.to_trajectory("t", [0.5 * m for m in conv.loss_mask], reward=1.0, adapter_version=3, group_id="g")
+    traj.validate()
+    assert traj.images == (b"frame-1",)
+    assert traj.token_ids == tuple(conv.record_ids) and traj.loss_mask == tuple(conv.loss_mask)
+    assert traj.logprobs == tuple(conv.logprobs) and traj.turn_starts == tuple(conv.turn_starts)
+    assert (traj.reward, traj.adapter_version, traj.group_id) == (1.0, 3, "g")

@@ -19,8 +19,11 @@ raises, because re-tokenised or re-expanded history silently breaks RL.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from services.common.trajectory import Trajectory
 
 # The system turn of maze conversations, shared by SFT data and GRPO runs (same prompt, same tokens).
 DEFAULT_SYSTEM_PROMPT = (
@@ -165,3 +168,14 @@ class TokenConversation:
     def num_recorded_images(self) -> int:
         """Images whose placeholders made it into the record (a last, unanswered observation did not)."""
         return sum(1 for t in self.record_ids if t == self.chat.vision_start)
+
+    def to_trajectory(self, trajectory_id: str, advantages: Sequence[float], *, reward: float,
+                      adapter_version: int = 0, group_id: str = "") -> Trajectory:
+        """The record as a learner trajectory, with one advantage per record token. Its images are
+        those whose placeholders are in the record: a last observation no turn answered is left out."""
+        return Trajectory(
+            trajectory_id=trajectory_id, token_ids=tuple(self.record_ids), loss_mask=tuple(self.loss_mask),
+            logprobs=tuple(self.logprobs), advantages=tuple(advantages), turn_starts=tuple(self.turn_starts),
+            images=tuple(self.images[: self.num_recorded_images]), adapter_version=adapter_version,
+            reward=reward, group_id=group_id,
+        )

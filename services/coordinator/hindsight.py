@@ -26,7 +26,7 @@ from google.protobuf.json_format import MessageToDict
 from mmrl.v1 import env_pb2
 from services.common.conversation import ChatTokens, TokenConversation, Tokenizer, expand_image_placeholders
 from services.common.trajectory import Trajectory
-from services.coordinator.advantages import loop_erased_turns, per_turn_token_advantages
+from services.coordinator.advantages import loop_erased_turns
 from services.coordinator.clients import Services
 from services.coordinator.episodes import EpisodeResult, Timers, open_conversation
 
@@ -137,13 +137,7 @@ def to_trajectories(convs: Sequence[TokenConversation], advantage: float, step: 
     """Relabelled episodes as learner trajectories: `advantage` on every action token, rollout
     log-probs 0 (see the module docstring)."""
     return [
-        Trajectory(
-            trajectory_id=f"s{step}-h{k}", token_ids=tuple(conv.record_ids), loss_mask=tuple(conv.loss_mask),
-            logprobs=(0.0,) * len(conv.record_ids),
-            advantages=tuple(per_turn_token_advantages([advantage] * conv.num_turns, conv.loss_mask,
-                                                        conv.turn_starts)),
-            turn_starts=tuple(conv.turn_starts), images=tuple(conv.images),
-            adapter_version=adapter_version, reward=1.0, group_id=f"s{step}-hindsight",
-        )
+        conv.to_trajectory(f"s{step}-h{k}", [advantage * m for m in conv.loss_mask], reward=1.0,
+                           adapter_version=adapter_version, group_id=f"s{step}-hindsight")
         for k, conv in enumerate(convs)
     ]

@@ -140,12 +140,9 @@ def to_trajectories(
         advantages = turn_advantages(group, normalize, discount, step_weight, noop_penalty, path_credit)
         for k, (episode, turns) in enumerate(zip(group, advantages, strict=True)):
             conv = episode.conversation
-            trajectories.append(Trajectory(
-                trajectory_id=f"s{step}-g{g}-e{k}", token_ids=tuple(conv.record_ids),
-                loss_mask=tuple(conv.loss_mask), logprobs=tuple(conv.logprobs),
-                advantages=tuple(per_turn_token_advantages(turns, conv.loss_mask, conv.turn_starts)),
-                turn_starts=tuple(conv.turn_starts), images=tuple(conv.images[: conv.num_recorded_images]),
-                adapter_version=episode.adapter_version, reward=episode.reward, group_id=f"s{step}-g{g}",
+            trajectories.append(conv.to_trajectory(
+                f"s{step}-g{g}-e{k}", per_turn_token_advantages(turns, conv.loss_mask, conv.turn_starts),
+                reward=episode.reward, adapter_version=episode.adapter_version, group_id=f"s{step}-g{g}",
             ))
     return trajectories
 

@@ -143,19 +143,12 @@ def expert_conversations(
                         del states[new_state.episode_id]
                         conv = convs[new_state.episode_id]
                         if new_state.reward > 0 and sum(conv.loss_mask) > 0:
-                            trajectories.append(_to_trajectory(conv, f"sft-{spec.seed}", new_state.reward))
+                            trajectories.append(conv.to_trajectory(
+                                f"sft-{spec.seed}", [float(m) for m in conv.loss_mask], reward=new_state.reward))
                     else:
                         states[new_state.episode_id] = (spec, new_state)
             stub.CloseEpisodes(env_pb2.CloseEpisodesRequest(episode_ids=list(convs)), timeout=60)
     return trajectories
-
-
-def _to_trajectory(conv: TokenConversation, trajectory_id: str, reward: float) -> Trajectory:
-    return Trajectory(
-        trajectory_id=trajectory_id, token_ids=tuple(conv.record_ids), loss_mask=tuple(conv.loss_mask),
-        logprobs=tuple(conv.logprobs), advantages=tuple(float(m) for m in conv.loss_mask),
-        turn_starts=tuple(conv.turn_starts), images=tuple(conv.images), reward=reward,
-    )
 
 
 def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], None] = print) -> dict[str, Any]:

@@ -139,19 +139,10 @@ def play_episodes(
         group = index // group_size
         members = rewards[group * group_size : (group + 1) * group_size]
         advantage = rewards[index] - sum(members) / len(members)
-        trajectories.append(
-            Trajectory(
-                trajectory_id=f"ep-{index:04d}",
-                token_ids=tuple(conversation.record_ids),
-                loss_mask=tuple(conversation.loss_mask),
-                logprobs=tuple(conversation.logprobs),
-                advantages=tuple(advantage * m for m in conversation.loss_mask),
-                turn_starts=tuple(conversation.turn_starts),
-                images=tuple(conversation.images),
-                reward=rewards[index],
-                group_id=f"g{group}",
-            )
-        )
+        trajectories.append(conversation.to_trajectory(
+            f"ep-{index:04d}", [advantage * m for m in conversation.loss_mask], reward=rewards[index],
+            group_id=f"g{group}",
+        ))
     return trajectories
 
 
