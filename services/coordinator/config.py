@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from services.common.config_files import read_config_file
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT
 from services.coordinator.advantages import Normalize, PathCredit
+from services.coordinator.hindsight import Replayed
 from services.env.errors import EnvError
 from services.env.maze import Cell, num_cells_per_side
 from services.env.spec import cell_option
@@ -104,6 +105,12 @@ class GrpoSettings(_Strict):
     )
     hindsight_max_episodes: int = Field(
         32, ge=1, le=4096, description="At most this many relabelled episodes per step (spread over the mazes)."
+    )
+    hindsight_episodes: Replayed = Field(
+        "failed",
+        description="Which episodes hindsight replays along their loop-erased path: 'failed' (to the cell they "
+                    "ended on), 'solved' (those with bumps or detours, to their own goal: self-imitation of the "
+                    "clean way) or 'both'.",
     )
     clip_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower PPO clip: ratio >= 1 - clip_low.")
     clip_high: float = Field(0.28, ge=0.0, le=10.0, description="Upper PPO clip (DAPO clip-higher).")

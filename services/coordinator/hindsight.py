@@ -1,4 +1,5 @@
-"""Hindsight relabelling (HER, Andrychowicz et al. 2017) of failed maze episodes.
+"""Hindsight relabelling (HER, Andrychowicz et al. 2017) of failed maze episodes, and the same
+replay of solved episodes that took detours (self-imitation of their clean way).
 
 A failed episode still found a way somewhere: to the cell where it ended. Relabelled with that
 cell as the goal, its loop-erased path (advantages.loop_erased_turns: wall bumps and detours that
@@ -6,6 +7,10 @@ came back removed) is a solved episode; in a perfect maze it is the shortest way
 relabelled episode is played again on the env service with `options.goal` set to that cell, so its
 frames (the goal drawn where the episode ended), texts and reward are the environment's own; its
 actions are the episode's own generated tokens. No oracle is asked anything.
+
+A solved episode with bumps or detours is replayed the same way along its loop-erased path, to its
+own goal: the history the policy would have seen had it gone straight there (`grpo.hindsight_episodes`
+chooses which episodes are replayed: failed, solved or both).
 
 The learner trains on a relabelled episode like on any other, with the fixed advantage
 `grpo.hindsight_advantage` on every action token. The policy never sampled these actions in these
@@ -20,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from google.protobuf.json_format import MessageToDict
 
@@ -30,11 +36,13 @@ from services.coordinator.advantages import loop_erased_turns
 from services.coordinator.clients import Services
 from services.coordinator.episodes import EpisodeResult, Timers, open_conversation
 
+Replayed = Literal["failed", "solved", "both"]
+
 
 @dataclass(frozen=True)
 class Relabel:
-    """A failed episode's way to where it ended: the env options that make that cell the goal, and
-    the turns of its loop-erased path."""
+    """An episode's way to where it ended: the env options of the replay (a failed episode's make
+    that cell the goal), and the turns of its loop-erased path."""
 
     episode: EpisodeResult
     options: dict[str, str]
@@ -48,15 +56,19 @@ class Relabel:
 
 
 def relabel(episode: EpisodeResult) -> Relabel | None:
-    """The relabelling of a failed episode, or None (solved, or it ended where it started)."""
+    """The replay of an episode along its loop-erased path: a failed one to the cell where it ended,
+    made the goal; a solved one to its own goal. None when there is nothing new to learn: a solved
+    episode without bumps or detours (its replay is itself), a failed one back where it started."""
     n = len(episode.actions)
     # Where it ended: the observation it ended on, or the next one of an episode cut at the turn limit.
     final = episode.final_observation_key or (episode.observation_keys[n:] or [""])[0]
-    if episode.solved or not final or "position" not in episode.info:
+    if not final or not (episode.solved or "position" in episode.info):
         return None
     keys = [*episode.observation_keys[:n], final]
     on_path = loop_erased_turns(keys, n + 1)[:n]  # the last "turn" is the end: a return to it is a loop
     turns = tuple(t for t in range(n) if on_path[t])
+    if episode.solved:
+        return Relabel(episode=episode, options=dict(episode.spec.options), turns=turns) if len(turns) < n else None
     if not turns:
         return None
     row, col = (int(v) for v in episode.info["position"])
@@ -64,15 +76,20 @@ def relabel(episode: EpisodeResult) -> Relabel | None:
     return Relabel(episode=episode, options=options, turns=turns)
 
 
-def select(episodes: Sequence[Sequence[EpisodeResult]], limit: int) -> list[Relabel]:
-    """Up to `limit` distinct relabellings, taken round-robin over the groups (the first failed
-    episode of every group, then the second, ...) so that they spread over the mazes."""
+def select(episodes: Sequence[Sequence[EpisodeResult]], limit: int, replayed: Replayed = "failed") -> list[Relabel]:
+    """Up to `limit` distinct relabellings of the `replayed` episodes, taken round-robin over the
+    groups (the first such episode of every group, then the second, ...) so that they spread over
+    the mazes."""
+    if replayed not in ("failed", "solved", "both"):
+        raise ValueError(f"replayed episodes must be 'failed', 'solved' or 'both', got {replayed!r}")
+    wanted = {"failed": (False,), "solved": (True,), "both": (False, True)}[replayed]
     chosen: dict[tuple[object, ...], Relabel] = {}
     for index in range(max((len(g) for g in episodes), default=0)):
         for group in episodes:
             if len(chosen) >= limit:
                 return list(chosen.values())
-            found = relabel(group[index]) if index < len(group) else None
+            take = index < len(group) and group[index].solved in wanted
+            found = relabel(group[index]) if take else None
             if found is not None and found.key not in chosen:
                 chosen[found.key] = found
     return list(chosen.values())

@@ -214,11 +214,12 @@ async def execute_run(ctx: RunContext) -> RunState:
             trajectories = to_trajectories(groups, cfg.grpo.advantage_norm, step, cfg.grpo.discount,
                                            cfg.grpo.step_advantage_weight, cfg.grpo.noop_penalty,
                                            cfg.grpo.path_credit)
-            #    With hindsight relabelling, failed episodes replayed to where they ended, spread over
-            #    the mini-batches.
+            #    With hindsight relabelling, failed episodes replayed to where they ended (and/or solved
+            #    ones along their clean way), spread over the mini-batches.
             relabelled: list[Trajectory] = []
             if cfg.grpo.hindsight_advantage > 0.0:
-                relabels = hindsight.select(groups + sampled.dropped, cfg.grpo.hindsight_max_episodes)
+                relabels = hindsight.select(groups + sampled.dropped, cfg.grpo.hindsight_max_episodes,
+                                            cfg.grpo.hindsight_episodes)
                 convs = await hindsight.replay(svc, ctx.tokenizer, ctx.chat, relabels,
                                                system_prompt=cfg.system_prompt, timers=timers)
                 relabelled = hindsight.to_trajectories(convs, cfg.grpo.hindsight_advantage, step,

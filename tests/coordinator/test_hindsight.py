@@ -65,13 +65,34 @@ def test_relabel_keeps_the_episodes_own_options() -> None:
     assert found is not None and found.options == {"start": "0,0", "goal": "0,2"}
 
 
+def test_a_solved_episode_with_detours_keeps_its_goal_and_loses_the_detours() -> None:
+    episode = _keyed(["S", "A", "B", "A", "A"], "G", solved=True)
+    episode.spec.options["start"] = "0,0"
+    found = hindsight.relabel(episode)
+    assert found is not None
+    # S->A (turn 0), A->B and back (turns 1-2) and a bump (turn 3) cut out, A->G (turn 4).
+    assert found.turns == (0, 4) and found.options == {"start": "0,0"}
+
+
 @pytest.mark.parametrize("episode", [
-    _keyed(["S", "A"], "B", solved=True),     # solved: nothing to relabel
+    _keyed(["S", "A"], "B", solved=True),     # solved the straight way: its replay is itself
     _keyed(["S", "A", "B"], "S"),             # back where it started
     _keyed(["S", "S"], "S"),                  # bumped into walls only
 ])
 def test_relabel_refuses_episodes_with_no_way_to_learn(episode: EpisodeResult) -> None:
     assert hindsight.relabel(episode) is None
+
+
+@pytest.mark.parametrize(("replayed", "expected"), [
+    ("failed", [2]), ("solved", [1]), ("both", [1, 2]),
+])
+def test_select_takes_the_episodes_asked_for(replayed: hindsight.Replayed, expected: list[int]) -> None:
+    solved = _keyed(["S", "A", "A"], "G", solved=True, seed=1)
+    failed = _keyed(["S", "A"], "B", seed=2)
+    chosen = hindsight.select([[solved], [failed]], limit=10, replayed=replayed)
+    assert [r.episode.spec.seed for r in chosen] == expected
+    with pytest.raises(ValueError, match="'failed', 'solved' or 'both'"):
+        hindsight.select([[solved]], limit=10, replayed="all")  # type: ignore[arg-type]
 
 
 def test_an_episode_cut_at_the_turn_limit_ends_on_its_last_observation() -> None:
@@ -196,3 +217,23 @@ async def test_a_replay_that_does_not_reach_its_goal_is_left_out(env_services: S
     convs = await hindsight.replay(env_services, CharTokenizer(), CHAT, [short, found], system_prompt="",
                                    timers=Timers())
     assert [c.num_turns for c in convs] == [3]
+
+
+async def test_a_solved_episode_is_replayed_to_its_own_goal_without_its_detour(env_services: Services) -> None:
+    maze = generate_maze(3, 9)
+    way = solve(maze)
+    here = maze.neighbour(maze.start, way[0])
+    bump = next(d for d in DIRECTIONS if not maze.can_move(here, d))  # type: ignore[arg-type]
+    # The first move, a wall bump, the second move and back, then the whole way: solved.
+    actions = [way[0], bump, way[1], OPPOSITE[way[1]], *way[1:]]
+    episode = await _play(env_services, env_pb2.EpisodeSpec(seed=3, max_moves=20), actions)
+    assert episode.info["solved"] is True
+
+    found = hindsight.relabel(episode)
+    assert found is not None and found.options == {}
+    assert [episode.actions[t] for t in found.turns] == way
+    convs = await hindsight.replay(env_services, CharTokenizer(), CHAT, [found], system_prompt="", timers=Timers())
+    assert len(convs) == 1 and convs[0].num_turns == len(way)
+    # The same frames as the episode's own where the two agree: the start, and the goal drawn in its place.
+    assert convs[0].images[0] == episode.conversation.images[0]
+    assert convs[0].images[1] == episode.conversation.images[1]
