@@ -15,10 +15,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from services.common.config_files import read_config_file
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT
 from services.coordinator.advantages import Normalize, PathCredit
-from services.coordinator.hindsight import Replayed
 from services.env.errors import EnvError
 from services.env.maze import Cell, num_cells_per_side
 from services.env.spec import cell_option
+
+# Which episodes hindsight replays (services/coordinator/hindsight.py).
+Replayed = Literal["failed", "solved", "both"]
 
 
 class _Strict(BaseModel):

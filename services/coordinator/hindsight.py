@@ -25,7 +25,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from google.protobuf.json_format import MessageToDict
 
@@ -34,9 +33,11 @@ from services.common.conversation import ChatTokens, TokenConversation, Tokenize
 from services.common.trajectory import Trajectory
 from services.coordinator.advantages import loop_erased_turns
 from services.coordinator.clients import Services
+from services.coordinator.config import Replayed
 from services.coordinator.episodes import EpisodeResult, Timers, open_conversation
 
-Replayed = Literal["failed", "solved", "both"]
+# The outcomes (solved or not) of the episodes each `grpo.hindsight_episodes` value replays.
+_OUTCOMES: dict[str, tuple[bool, ...]] = {"failed": (False,), "solved": (True,), "both": (False, True)}
 
 
 @dataclass(frozen=True)
@@ -80,15 +81,15 @@ def select(episodes: Sequence[Sequence[EpisodeResult]], limit: int, replayed: Re
     """Up to `limit` distinct relabellings of the `replayed` episodes, taken round-robin over the
     groups (the first such episode of every group, then the second, ...) so that they spread over
     the mazes."""
-    if replayed not in ("failed", "solved", "both"):
+    outcomes = _OUTCOMES.get(replayed)
+    if outcomes is None:
         raise ValueError(f"replayed episodes must be 'failed', 'solved' or 'both', got {replayed!r}")
-    wanted = {"failed": (False,), "solved": (True,), "both": (False, True)}[replayed]
     chosen: dict[tuple[object, ...], Relabel] = {}
     for index in range(max((len(g) for g in episodes), default=0)):
         for group in episodes:
             if len(chosen) >= limit:
                 return list(chosen.values())
-            take = index < len(group) and group[index].solved in wanted
+            take = index < len(group) and group[index].solved in outcomes
             found = relabel(group[index]) if take else None
             if found is not None and found.key not in chosen:
                 chosen[found.key] = found

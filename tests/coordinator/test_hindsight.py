@@ -13,6 +13,7 @@ from services.common.grpc_server import start_server
 from services.common.trajectory import Trajectory
 from services.coordinator import hindsight, runloop
 from services.coordinator.clients import CallPolicy, EnvClient, Services
+from services.coordinator.config import Replayed
 from services.coordinator.episodes import EpisodeResult, Timers, observation_key
 from services.env.config import EnvConfig
 from services.env.environment import MazeEnv
@@ -86,7 +87,7 @@ def test_relabel_refuses_episodes_with_no_way_to_learn(episode: EpisodeResult) -
 @pytest.mark.parametrize(("replayed", "expected"), [
     ("failed", [2]), ("solved", [1]), ("both", [1, 2]),
 ])
-def test_select_takes_the_episodes_asked_for(replayed: hindsight.Replayed, expected: list[int]) -> None:
+def test_select_takes_the_episodes_asked_for(replayed: Replayed, expected: list[int]) -> None:
     solved = _keyed(["S", "A", "A"], "G", solved=True, seed=1)
     failed = _keyed(["S", "A"], "B", seed=2)
     chosen = hindsight.select([[solved], [failed]], limit=10, replayed=replayed)
