@@ -9,6 +9,14 @@ wall bumps ("You hit a wall.") is in the data. Conversations are token ids built
 coordinator builds them (services.common.conversation), with image placeholders expanded to the
 processor's token count, so SFT and GRPO see identical prompts.
 
+Frame reading (optional, `reading_updates` > 0). A pretrained vision-language model can already say
+what a picture shows; a random-initialised one cannot. So before the expert's conversations the model
+can be taught to read single frames: one user turn with a frame of a training maze (agent on a random
+cell) and the question READING_QUESTION, answered with the moves the walls leave open from the
+agent's cell ("down right"). The answer names no way to the goal: it is what the frame shows, not
+the oracle's next move, so the policy still has to be learnt from the expert's conversations and
+then GRPO.
+
 Training is a full fine-tune (every weight of the model, vision tower included) with the token-mean
 negative log-likelihood of the action tokens (<|im_end|> included), AdamW and linear warm-up. The
 result is a standard HF model directory that `mmrl serve rollout --model` and the learner load.
@@ -39,13 +47,15 @@ from services.common.conversation import (
 )
 from services.common.trajectory import Trajectory
 from services.env.evalset import TRAIN_SEED_LIMIT  # seeds at or above it are reserved for eval sets
+from services.env.maze import DIRECTIONS, generate_maze, num_cells_per_side
 from services.learner.batch import ModelSpec, collate, decode_image, prepare_batch
 from services.learner.policy import load_base_model, load_processor, token_logprobs
 from services.learner.trainer import micro_batches
 
 log = logging.getLogger("mmrl.learner.sft")
 ACTIONS = ("up", "down", "left", "right")
-_ADDED_LATER = ("detour_moves",)
+_ADDED_LATER = ("detour_moves", "reading_updates", "reading_batch_size")
+READING_QUESTION = "Which moves are open from your cell?"
 
 
 class SftConfig(BaseModel):
@@ -63,7 +73,10 @@ class SftConfig(BaseModel):
     detour_moves: int = Field(
         1, ge=1, le=20, description="A detour lasts 1..detour_moves random moves (longer ones lead into dead ends)."
     )
-    updates: int = Field(300, ge=0, description="Optimiser updates (the SFT budget).")
+    reading_updates: int = Field(
+        0, ge=0, description="Frame-reading updates before the expert's (open moves of one frame; 0: none).")
+    reading_batch_size: int = Field(64, ge=1, description="Frame-reading questions per update.")
+    updates: int = Field(300, ge=0, description="Optimiser updates on expert conversations (the SFT budget).")
     batch_size: int = Field(16, ge=1, description="Conversations per update.")
     micro_batch_size: int = Field(16, ge=1, description="Conversations per forward/backward.")
     learning_rate: float = Field(1e-3, gt=0.0, description="Peak AdamW learning rate.")
@@ -151,6 +164,46 @@ def expert_conversations(
     return trajectories
 
 
+def open_moves(seed: int, size: int, cell: tuple[int, int]) -> list[str]:
+    """The moves the walls leave open from `cell` in the maze of `seed` (in DIRECTIONS order)."""
+    maze = generate_maze(seed, size)
+    return [direction for direction in DIRECTIONS if maze.can_move(cell, direction)]
+
+
+def frame_reading_questions(
+    stub: env_pb2_grpc.EnvServiceStub, config: SftConfig, tokenizer: Any,
+    tokens_per_image: Callable[[bytes], int], rng: random.Random, count: int,
+) -> list[Trajectory]:
+    """`count` single-turn questions: a frame of a training maze from the env service, with the agent
+    on a random cell other than the goal, and the open moves from there as the answer to train on."""
+    chat = ChatTokens.from_tokenizer(tokenizer)
+    n = num_cells_per_side(config.size)
+    picks = []
+    for _ in range(count):
+        seed = rng.randrange(config.first_seed, config.first_seed + config.num_mazes)
+        cell = divmod(rng.randrange(n * n - 1), n)  # the goal, the last cell, is never drawn
+        picks.append((seed, cell))
+    specs = [env_pb2.EpisodeSpec(seed=seed, max_moves=config.max_moves,
+                                 options={"size": str(config.size), "start": f"{cell[0]},{cell[1]}"})
+             for seed, cell in picks]
+    created = stub.CreateEpisodes(env_pb2.CreateEpisodesRequest(specs=specs), timeout=120)
+    stub.CloseEpisodes(env_pb2.CloseEpisodesRequest(episode_ids=[e.episode_id for e in created.episodes]),
+                       timeout=60)
+    questions = []
+    for (seed, cell), state in zip(picks, created.episodes, strict=True):
+        conv = TokenConversation(chat)
+        conv.add_system(tokenizer, config.system_prompt)
+        conv.add_observation(tokenizer, READING_QUESTION, [img.data for img in state.observation.images])
+        expanded = expand_image_placeholders(conv.compact_ids, chat.image_pad,
+                                             [tokens_per_image(f) for f in conv.images])
+        answer = [*tokenizer.encode(" ".join(open_moves(seed, config.size, cell)), add_special_tokens=False),
+                  chat.im_end]
+        conv.add_generation(expanded, answer, [0.0] * len(answer))
+        questions.append(conv.to_trajectory(f"reading-{seed}-{cell[0]}-{cell[1]}",
+                                            [float(m) for m in conv.loss_mask], reward=1.0))
+    return questions
+
+
 def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Builds the data, fine-tunes, saves the model directory; returns a report."""
     started = time.perf_counter()
@@ -176,44 +229,83 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
 
     model.requires_grad_(True)  # full fine-tune: every weight trains
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / config.warmup_steps) if config.warmup_steps else 1.0)
+    fit = _Fitter(model, spec, processor, config, progress, started)
+    reading_history: list[dict[str, Any]] = []
+    if config.reading_updates:
+        rng = random.Random(config.seed + 1)
+        with grpc.insecure_channel(env_address) as channel:
+            stub = env_pb2_grpc.EnvServiceStub(channel)
+            reading_history = fit.run(
+                "frame reading", config.reading_updates,
+                lambda: frame_reading_questions(stub, config, processor.tokenizer, tokens_per_image, rng,
+                                                config.reading_batch_size),
+                # Questions of one frame are short: a whole batch in one forward.
+                micro_batch_size=config.reading_batch_size)
+
     rng = random.Random(config.seed)
     order: list[int] = []
-    history = []
-    for update in range(1, config.updates + 1):
+
+    def next_batch() -> list[Trajectory]:
         if len(order) < config.batch_size:
-            order += rng.sample(range(len(data)), len(data))
-        # Prepared per update (not all up front): pixel values of every frame would not fit memory.
-        picked = prepare_batch([data[i] for i in order[: config.batch_size]], spec, processor.image_processor)
+            order.extend(rng.sample(range(len(data)), len(data)))
+        picked = [data[i] for i in order[: config.batch_size]]
         del order[: config.batch_size]
-        total_tokens = sum(p.num_generated for p in picked)
-        optimizer.zero_grad(set_to_none=True)
-        loss_sum = 0.0
-        for chunk in micro_batches(picked, config.micro_batch_size):
-            batch = collate(chunk, spec.pad_token_id, spec.image_token_id)
-            logprobs, _ = token_logprobs(model, batch, "cpu", with_entropy=False)
-            loss = -(logprobs * batch.loss_mask).sum() / total_tokens
-            loss.backward()
-            loss_sum += float(loss.item())
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-        optimizer.step()
-        schedule.step()
-        history.append({"update": update, "loss": loss_sum})
-        if update % 25 == 0 or update == config.updates:
-            progress(f"sft update {update}/{config.updates}  nll/token {loss_sum:.4f}  "
-                     f"({time.perf_counter() - started:.0f} s)")
-        if update in config.save_at and update != config.updates:
-            _save(model, processor, Path(f"{config.out}-u{update}"), {"updates": update, "loss_history": history})
+        return picked
+
+    history = fit.run("sft", config.updates, next_batch, config.micro_batch_size, save_at=config.save_at)
     report = {
         "config": config.model_dump(), "fingerprint": config.fingerprint(), "num_conversations": len(data),
         "num_action_tokens": num_actions, "updates": config.updates, "final_loss": history[-1]["loss"] if history else None,
         "loss_history": history, "sft_wall_s": time.perf_counter() - started, "kind": "full-fine-tune",
     }
+    if config.reading_updates:
+        report["reading_updates"] = config.reading_updates
+        report["reading_final_loss"] = reading_history[-1]["loss"]
+        report["reading_loss_history"] = reading_history
     _save(model, processor, Path(config.out), report)
     log.info("sft saved", extra={"out": config.out, "wall_s": report["sft_wall_s"]})
     return report
+
+
+class _Fitter:
+    """Full fine-tune updates with the token-mean NLL of the trained tokens; a fresh AdamW and warm-up
+    per phase (frame reading, then the expert's conversations)."""
+
+    def __init__(self, model: Any, spec: ModelSpec, processor: Any, config: SftConfig,
+                 progress: Callable[[str], None], started: float) -> None:
+        self.model, self.spec, self.processor, self.config = model, spec, processor, config
+        self.progress, self.started = progress, started
+
+    def run(self, phase: str, updates: int, next_batch: Callable[[], list[Trajectory]], micro_batch_size: int,
+            save_at: list[int] | None = None) -> list[dict[str, Any]]:
+        config, model = self.config, self.model
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / config.warmup_steps) if config.warmup_steps else 1.0)
+        history: list[dict[str, Any]] = []
+        for update in range(1, updates + 1):
+            # Prepared per update (not all up front): pixel values of every frame would not fit memory.
+            picked = prepare_batch(next_batch(), self.spec, self.processor.image_processor)
+            total_tokens = sum(p.num_generated for p in picked)
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            for chunk in micro_batches(picked, micro_batch_size):
+                batch = collate(chunk, self.spec.pad_token_id, self.spec.image_token_id)
+                logprobs, _ = token_logprobs(model, batch, "cpu", with_entropy=False)
+                loss = -(logprobs * batch.loss_mask).sum() / total_tokens
+                loss.backward()
+                loss_sum += float(loss.item())
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            optimizer.step()
+            schedule.step()
+            history.append({"update": update, "loss": loss_sum})
+            if update % 25 == 0 or update == updates:
+                self.progress(f"{phase} update {update}/{updates}  nll/token {loss_sum:.4f}  "
+                              f"({time.perf_counter() - self.started:.0f} s)")
+            if save_at and update in save_at and update != updates:
+                _save(model, self.processor, Path(f"{config.out}-u{update}"),
+                      {"updates": update, "loss_history": history})
+        return history
 
 
 def _save(model: Any, processor: Any, out: Path, report: dict[str, Any]) -> None:

@@ -4,12 +4,36 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from pydantic import ValidationError
 
 from services.learner.sft import SftConfig, train_sft
+
+T = TypeVar("T")
+
+
+def _with_env_service(work: Callable[[str], T]) -> T:
+    """Runs `work(address)` in a thread while a real env gRPC service listens on loopback."""
+    from mmrl.v1 import env_pb2_grpc
+    from services.common.grpc_server import start_server
+    from services.env.config import EnvConfig
+    from services.env.environment import MazeEnv
+    from services.env.servicer import SERVICE_NAME, EnvServicer
+
+    async def serve() -> T:
+        servicer = EnvServicer(MazeEnv(EnvConfig()))
+        running = await start_server(lambda s: env_pb2_grpc.add_EnvServiceServicer_to_server(servicer, s),
+                                     SERVICE_NAME, "127.0.0.1:0")
+        try:
+            return await asyncio.to_thread(work, f"127.0.0.1:{running.port}")
+        finally:
+            await running.stop()
+
+    return asyncio.run(serve())
 
 
 def test_sft_data_can_never_reach_the_eval_seed_range() -> None:
@@ -24,25 +48,9 @@ def test_sft_data_can_never_reach_the_eval_seed_range() -> None:
 def test_a_short_sft_learns_the_expert_moves_and_saves_a_loadable_model(tiny_model_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForImageTextToText
 
-    from mmrl.v1 import env_pb2_grpc
-    from services.common.grpc_server import start_server
-    from services.env.config import EnvConfig
-    from services.env.environment import MazeEnv
-    from services.env.servicer import SERVICE_NAME, EnvServicer
-
-    async def serve_and_train() -> dict:
-        servicer = EnvServicer(MazeEnv(EnvConfig()))
-        running = await start_server(lambda s: env_pb2_grpc.add_EnvServiceServicer_to_server(servicer, s),
-                                     SERVICE_NAME, "127.0.0.1:0")
-        try:
-            config = SftConfig(base_model=str(tiny_model_dir), out=str(tmp_path / "sft"), num_mazes=8,
-                               updates=8, batch_size=4, micro_batch_size=4, warmup_steps=0,
-                               learning_rate=3e-3)
-            return await asyncio.to_thread(train_sft, config, f"127.0.0.1:{running.port}", lambda _m: None)
-        finally:
-            await running.stop()
-
-    report = asyncio.run(serve_and_train())
+    config = SftConfig(base_model=str(tiny_model_dir), out=str(tmp_path / "sft"), num_mazes=8,
+                       updates=8, batch_size=4, micro_batch_size=4, warmup_steps=0, learning_rate=3e-3)
+    report = _with_env_service(lambda address: train_sft(config, address, lambda _m: None))
     losses = [h["loss"] for h in report["loss_history"]]
     assert report["num_conversations"] == 8  # every expert episode reaches the goal
     assert losses[-1] < 0.5 * losses[0]
@@ -56,27 +64,12 @@ def _untrained_runs(config: SftConfig, tokenizer_dir: Path) -> tuple[list[int], 
     turns, and every conversation's token ids."""
     from transformers import AutoTokenizer
 
-    from mmrl.v1 import env_pb2_grpc
-    from services.common.grpc_server import start_server
-    from services.env.config import EnvConfig
-    from services.env.environment import MazeEnv
-    from services.env.servicer import SERVICE_NAME, EnvServicer
     from services.learner.sft import expert_conversations
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-
-    async def play() -> list:
-        servicer = EnvServicer(MazeEnv(EnvConfig()))
-        running = await start_server(lambda s: env_pb2_grpc.add_EnvServiceServicer_to_server(servicer, s),
-                                     SERVICE_NAME, "127.0.0.1:0")
-        try:
-            return await asyncio.to_thread(expert_conversations, f"127.0.0.1:{running.port}", config, tokenizer,
-                                           lambda _frame: 25)
-        finally:
-            await running.stop()
-
     runs = []
-    trajectories = asyncio.run(play())
+    trajectories = _with_env_service(
+        lambda address: expert_conversations(address, config, tokenizer, lambda _frame: 25))
     for traj in trajectories:
         bounds = [*traj.turn_starts, len(traj.token_ids)]
         trained = [any(traj.loss_mask[a:b]) for a, b in itertools.pairwise(bounds)]
@@ -100,3 +93,59 @@ def test_detours_of_several_moves_lead_the_expert_data_off_the_path(tiny_model_d
     assert SftConfig(**common).fingerprint() != SftConfig(**common, detour_moves=4).fingerprint()
     assert single and longer
     assert max(longer) >= 3 and sum(longer) / len(longer) > 1.5 > sum(single) / len(single)
+
+
+def test_frame_reading_answers_with_the_moves_the_env_service_lets_through(tiny_model_dir: Path) -> None:
+    """Each question's answer is checked against the env service itself: from the question's cell,
+    exactly the moves the answer leaves out hit a wall."""
+    import random
+
+    import grpc
+    from transformers import AutoTokenizer
+
+    from mmrl.v1 import env_pb2, env_pb2_grpc
+    from services.learner.sft import READING_QUESTION, frame_reading_questions
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = SftConfig(base_model="m", out="o", num_mazes=5, first_seed=700_000)
+    moves = ("up", "down", "left", "right")
+
+    def ask_and_check(address: str) -> list[tuple[int, int, int]]:
+        with grpc.insecure_channel(address) as channel:
+            stub = env_pb2_grpc.EnvServiceStub(channel)
+            questions = frame_reading_questions(stub, config, tokenizer, lambda _frame: 25, random.Random(3), 40)
+            asked = []
+            for question in questions:
+                assert READING_QUESTION in tokenizer.decode(question.token_ids) and len(question.images) == 1
+                _, seed, row, col = question.trajectory_id.split("-")
+                answer = tokenizer.decode([t for t, m in zip(question.token_ids, question.loss_mask, strict=True)
+                                           if m], skip_special_tokens=True).split()
+                spec = env_pb2.EpisodeSpec(seed=int(seed), max_moves=20,
+                                           options={"size": "9", "start": f"{row},{col}"})
+                created = stub.CreateEpisodes(env_pb2.CreateEpisodesRequest(specs=[spec] * 4))
+                assert created.episodes[0].observation.images[0].data == question.images[0]
+                stepped = stub.Step(env_pb2.StepRequest(actions=[
+                    env_pb2.EpisodeAction(episode_id=e.episode_id, action=move)
+                    for e, move in zip(created.episodes, moves, strict=True)]))
+                bumped = {move for move, e in zip(moves, stepped.episodes, strict=True) if e.info["wall_bump"]}
+                assert answer and set(answer) == set(moves) - bumped, (question.trajectory_id, answer, bumped)
+                assert answer == [m for m in moves if m in answer]  # always in the same order
+                asked.append((int(seed), int(row), int(col)))
+            return asked
+
+    asked = _with_env_service(ask_and_check)
+    assert len(asked) == 40 and len(set(asked)) > 20
+    assert all(700_000 <= seed < 700_005 and (row, col) != (3, 3) for seed, row, col in asked)  # never on the goal
+
+
+def test_frame_reading_runs_before_the_expert_updates_and_counts_in_the_fingerprint(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    common = {"base_model": str(tiny_model_dir), "out": str(tmp_path / "sft"), "num_mazes": 4, "updates": 2,
+              "batch_size": 4, "micro_batch_size": 4, "warmup_steps": 0, "learning_rate": 3e-3}
+    assert SftConfig(**common).fingerprint() == SftConfig(**common, reading_batch_size=64).fingerprint()
+    assert SftConfig(**common).fingerprint() != SftConfig(**common, reading_updates=10).fingerprint()
+    config = SftConfig(**common, reading_updates=10, reading_batch_size=16)
+    report = _with_env_service(lambda address: train_sft(config, address, lambda _m: None))
+    reading = [h["loss"] for h in report["reading_loss_history"]]
+    assert report["reading_updates"] == 10 and len(reading) == 10 and len(report["loss_history"]) == 2
+    assert reading[-1] < 0.5 * reading[0]
