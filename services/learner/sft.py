@@ -232,12 +232,12 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
     fit = _Fitter(model, spec, processor, config, progress, started)
     reading_history: list[dict[str, Any]] = []
     if config.reading_updates:
-        rng = random.Random(config.seed + 1)
+        reading_rng = random.Random(config.seed + 1)  # its own draws: the expert data's order stays as it was
         with grpc.insecure_channel(env_address) as channel:
             stub = env_pb2_grpc.EnvServiceStub(channel)
             reading_history = fit.run(
                 "frame reading", config.reading_updates,
-                lambda: frame_reading_questions(stub, config, processor.tokenizer, tokens_per_image, rng,
+                lambda: frame_reading_questions(stub, config, processor.tokenizer, tokens_per_image, reading_rng,
                                                 config.reading_batch_size),
                 # Questions of one frame are short: a whole batch in one forward.
                 micro_batch_size=config.reading_batch_size)
