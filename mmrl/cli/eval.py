@@ -91,6 +91,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not (args.model / "config.json").is_file():
         raise SystemExit(f"--model {args.model}: no config.json there")
+    if args.samples < 0:
+        raise SystemExit(f"--samples {args.samples}: must be 0 or more")
 
     started = time.perf_counter()
     stack = Stack(StackConfig(model=args.model.resolve(), state_dir=args.state_dir))
@@ -110,7 +112,8 @@ def main(argv: list[str]) -> int:
     result = {
         "solve_rate": summary["greedy_solve_rate"], "episodes": summary["episodes"],
         "mean_moves_over_optimal": summary["mean_moves_over_optimal"],
-        "sampled_solve_rate": summary["sampled_solve_rate"], "model": str(args.model),
+        "sampled_solve_rate": summary["sampled_solve_rate"], "sampled_pass_rate": summary["sampled_pass_rate"],
+        "samples": args.samples, "model": str(args.model),
         "adapter": str(args.adapter) if args.adapter else None, "wall_s": time.perf_counter() - started,
     }
     if args.json:
@@ -119,4 +122,7 @@ def main(argv: list[str]) -> int:
         ratio = result["mean_moves_over_optimal"]
         print(f"solve rate {result['solve_rate']:.4f} over {result['episodes']} mazes; mean moves/optimal "
               f"{ratio:.3f}" if ratio is not None else f"solve rate {result['solve_rate']:.4f}")
+        if args.samples > 0:
+            print(f"sampled ({args.samples} per maze at temperature {args.temperature}): solve rate "
+                  f"{result['sampled_solve_rate']:.4f}, solved by at least one {result['sampled_pass_rate']:.4f}")
     return 0

@@ -14,7 +14,7 @@ def learning_curve(evals: list[dict[str, Any]], metrics: list[dict[str, Any]]) -
     return {
         "eval": [
             {"step": e["step"], "greedy_solve_rate": e["greedy_solve_rate"],
-             "sampled_solve_rate": e.get("sampled_solve_rate"),
+             "sampled_solve_rate": e.get("sampled_solve_rate"), "sampled_pass_rate": e.get("sampled_pass_rate"),
              "mean_moves_over_optimal": e.get("mean_moves_over_optimal"), "adapter_version": e["adapter_version"]}
             for e in evals
         ],

@@ -1,5 +1,7 @@
 """Evaluation on a fixed set of tasks: greedy solve rate (one episode per task), sampled solve rate
-(k episodes per task at a temperature) and mean moves over optimal for solved episodes."""
+(k episodes per task at a temperature), sampled pass rate (the share of tasks that at least one of
+the k episodes solves: what sampling can reach, which bounds what reinforcing the sampled successes
+can teach) and mean moves over optimal for solved episodes."""
 
 from __future__ import annotations
 
@@ -26,6 +28,14 @@ class EvalPlan:
 
 def solve_rate(episodes: list[EpisodeResult]) -> float:
     return sum(e.solved for e in episodes) / len(episodes) if episodes else 0.0
+
+
+def pass_rate(episodes: list[EpisodeResult]) -> float:
+    """The share of tasks (episode groups) that at least one of their episodes solves."""
+    solved: dict[int, bool] = {}
+    for episode in episodes:
+        solved[episode.group_index] = solved.get(episode.group_index, False) or episode.solved
+    return sum(solved.values()) / len(solved) if solved else 0.0
 
 
 def mean_moves_over_optimal(episodes: list[EpisodeResult]) -> float | None:
@@ -60,6 +70,7 @@ async def run_eval(
         "episodes": len(greedy),
         "greedy_solve_rate": solve_rate(greedy),
         "sampled_solve_rate": solve_rate(sampled) if sampled else None,
+        "sampled_pass_rate": pass_rate(sampled) if sampled else None,
         "sampled_episodes": len(sampled),
         "mean_moves_over_optimal": mean_moves_over_optimal(greedy),
         "mean_reward": sum(e.reward for e in greedy) / len(greedy) if greedy else 0.0,

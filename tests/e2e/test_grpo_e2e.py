@@ -90,6 +90,8 @@ def test_a_short_grpo_run_publishes_loads_and_records_everything(stack: Stack, t
     evals = api.request("GET", f"/v1/runs/{run_id}/evals")["evals"]
     assert [e["step"] for e in evals] == [0, 3]
     assert all(0.0 <= e["greedy_solve_rate"] <= 1.0 for e in evals)
+    # One sampled episode per maze: solved by at least one is solved.
+    assert all(e["sampled_pass_rate"] == e["sampled_solve_rate"] for e in evals)
     eval_episode = api.request("GET", f"/v1/runs/{run_id}/episodes", params={"kind": "eval", "step": 3})
     assert len(eval_episode["episodes"]) == 4 and all(Path(f).is_file() for f in eval_episode["episodes"][0]["frames"])
 

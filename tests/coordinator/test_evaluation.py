@@ -1,0 +1,37 @@
+"""Eval summaries: solve rate, the share of mazes some sampled episode solves, moves over optimal."""
+
+from __future__ import annotations
+
+from mmrl.v1 import env_pb2
+from services.coordinator.episodes import EpisodeResult
+from services.coordinator.evaluation import mean_moves_over_optimal, pass_rate, solve_rate
+
+
+def _episode(group: int, solved: bool, moves: int = 6, optimal: int = 6) -> EpisodeResult:
+    return EpisodeResult(spec=env_pb2.EpisodeSpec(seed=group), group_index=group, conversation=None,  # type: ignore[arg-type]
+                         reward=1.0 if solved else 0.0,
+                         info={"solved": solved, "moves": moves, "optimal_moves": optimal})
+
+
+def test_pass_rate_counts_a_maze_once_when_any_of_its_episodes_solves_it() -> None:
+    # Maze 0: 1 of 3 solved; maze 1: none; maze 2: all 3; maze 3: none.
+    outcomes = {0: [False, True, False], 1: [False, False, False], 2: [True, True, True], 3: [False, False, False]}
+    episodes = [_episode(group, solved) for group, results in outcomes.items() for solved in results]
+    assert pass_rate(episodes) == 2 / 4
+    assert solve_rate(episodes) == 4 / 12
+
+
+def test_pass_rate_equals_solve_rate_with_one_episode_per_maze() -> None:
+    episodes = [_episode(0, True), _episode(1, False), _episode(2, True)]
+    assert pass_rate(episodes) == solve_rate(episodes) == 2 / 3
+
+
+def test_empty_evaluations_rate_zero() -> None:
+    assert pass_rate([]) == solve_rate([]) == 0.0
+    assert mean_moves_over_optimal([]) is None
+
+
+def test_moves_over_optimal_counts_solved_episodes_only() -> None:
+    episodes = [_episode(0, True, moves=9, optimal=6), _episode(1, False, moves=20, optimal=6),
+                _episode(2, True, moves=6, optimal=6)]
+    assert mean_moves_over_optimal(episodes) == (1.5 + 1.0) / 2
