@@ -1,7 +1,7 @@
 """Evaluation on a fixed set of tasks: greedy solve rate (one episode per task), sampled solve rate
 (k episodes per task at a temperature), sampled pass rate (the share of tasks that at least one of
-the k episodes solves: what sampling can reach, which bounds what reinforcing the sampled successes
-can teach) and mean moves over optimal for solved episodes."""
+the k episodes solves: what sampling reaches, where a group of k has a success to reinforce) and
+mean moves over optimal for solved episodes."""
 
 from __future__ import annotations
 
