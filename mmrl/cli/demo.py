@@ -124,6 +124,8 @@ def main(argv: list[str]) -> int:
         "start_solve_rate": evals[0]["greedy_solve_rate"], "end_solve_rate": evals[-1]["greedy_solve_rate"],
         "start_sampled_solve_rate": evals[0].get("sampled_solve_rate"),
         "end_sampled_solve_rate": evals[-1].get("sampled_solve_rate"),
+        "start_sampled_pass_rate": evals[0].get("sampled_pass_rate"),
+        "end_sampled_pass_rate": evals[-1].get("sampled_pass_rate"),
         "sft_solve_rate": sft_report.get("eval", {}).get("greedy_solve_rate"),
         "steps": final["step"], "grpo_wall_s": round(grpo_wall_s, 1), "sft_wall_s": round(sft_wall_s, 1),
         "mean_step_s": round(sum(m.get("time/step_s", 0) for m in metrics) / max(len(metrics), 1), 2),
