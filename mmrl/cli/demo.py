@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mmrl.cli.report import episode_strip, learning_curve, plot_curve, write_json
+from mmrl.cli.report import episode_strip, last_eval_within, learning_curve, plot_curve, write_json
 from mmrl.cli.run import TERMINAL, ApiClient, load_config_dict, parse_overrides, watch
 from mmrl.cli.sft import load_sft_config, run_sft
 from mmrl.cli.stack import Stack, StackConfig
@@ -66,8 +66,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, help="GRPO steps (overrides the run config)")
     parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/demo"), help="models, logs, shared root")
     parser.add_argument("--out", type=Path, default=Path("outputs/demo"), help="where the results go")
+    parser.add_argument("--budget-min", type=float, default=30.0,
+                        help="also report the last eval within this many minutes of GRPO (default 30)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
+    if args.budget_min <= 0:
+        parser.error(f"--budget-min must be positive, got {args.budget_min}")
 
     base = ensure_tiny_model(args.model)
     sft_report: dict[str, Any]
@@ -113,6 +117,7 @@ def main(argv: list[str]) -> int:
               f"the curve so far ({len(evals)} evals) is in {args.out}/curve.json")
         return 130 if final.get("interrupted") else 1
     last_step = evals[-1]["step"]
+    within = last_eval_within(curve, args.budget_min * 60)
     solved = [e for e in episodes if e["step"] == last_step and e["solved"] and e["frames"]]
     strip = None
     if solved:
@@ -127,6 +132,10 @@ def main(argv: list[str]) -> int:
         "start_sampled_pass_rate": evals[0].get("sampled_pass_rate"),
         "end_sampled_pass_rate": evals[-1].get("sampled_pass_rate"),
         "sft_solve_rate": sft_report.get("eval", {}).get("greedy_solve_rate"),
+        "budget_min": args.budget_min,
+        "within_budget_step": within["step"] if within else None,
+        "within_budget_solve_rate": within["greedy_solve_rate"] if within else None,
+        "within_budget_grpo_s": round(within["grpo_s"], 1) if within else None,
         "steps": final["step"], "grpo_wall_s": round(grpo_wall_s, 1), "sft_wall_s": round(sft_wall_s, 1),
         "mean_step_s": round(sum(m.get("time/step_s", 0) for m in metrics) / max(len(metrics), 1), 2),
         "run_id": run["id"], "output_dir": str(args.out.resolve()), "model_dir": str(sft_model.resolve()),
@@ -136,6 +145,9 @@ def main(argv: list[str]) -> int:
     write_json(args.out / "summary.json", summary)
     print(f"\neval solve rate (greedy, {evals[0]['episodes']} mazes): {summary['start_solve_rate']:.3f} at step 0"
           f" -> {summary['end_solve_rate']:.3f} at step {last_step}")
+    if within:
+        print(f"within {args.budget_min:g} minutes of GRPO: {within['greedy_solve_rate']:.3f} at step "
+              f"{within['step']} ({within['grpo_s']:.0f} s of steps and evals)")
     print(f"GRPO {summary['grpo_wall_s']:.0f} s, SFT {summary['sft_wall_s']:.0f} s; outputs in {args.out}/ "
           "(curve.json, curve.png, solved_episode.png, summary.json)")
     if args.json:

@@ -10,10 +10,11 @@ from PIL import Image, ImageDraw
 
 
 def learning_curve(evals: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> dict[str, Any]:
-    """step -> eval solve rates, and step -> mean training reward."""
+    """step -> eval solve rates and the GRPO seconds spent by then, and step -> mean training reward."""
+    spent = grpo_seconds(evals, metrics)
     return {
         "eval": [
-            {"step": e["step"], "greedy_solve_rate": e["greedy_solve_rate"],
+            {"step": e["step"], "grpo_s": spent.get(e["step"]), "greedy_solve_rate": e["greedy_solve_rate"],
              "sampled_solve_rate": e.get("sampled_solve_rate"), "sampled_pass_rate": e.get("sampled_pass_rate"),
              "mean_moves_over_optimal": e.get("mean_moves_over_optimal"), "adapter_version": e["adapter_version"]}
             for e in evals
@@ -24,6 +25,25 @@ def learning_curve(evals: list[dict[str, Any]], metrics: list[dict[str, Any]]) -
             for m in metrics
         ],
     }
+
+
+def grpo_seconds(evals: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> dict[int, float]:
+    """eval step -> seconds of GRPO spent when that eval ended: the time of every step up to it
+    (`time/step_s`: sampling, training, publishing) plus the time of every eval up to it (`eval_s`).
+    It counts the run's work, not the wall clock, so a pause or a restart from a checkpoint adds
+    nothing. Empty when a record lacks its time (a run recorded before the times were kept)."""
+    timed = [(int(r["step"]), float(r[key])) for records, key in ((metrics, "time/step_s"), (evals, "eval_s"))
+             for r in records if r.get(key) is not None]
+    if len(timed) < len(metrics) + len(evals):
+        return {}
+    return {int(e["step"]): sum(s for k, s in timed if k <= int(e["step"])) for e in evals}
+
+
+def last_eval_within(curve: dict[str, Any], budget_s: float) -> dict[str, Any] | None:
+    """The last eval of the curve that ended within `budget_s` seconds of GRPO (None if none did, or
+    if the curve has no times)."""
+    within = [e for e in curve["eval"] if e.get("grpo_s") is not None and e["grpo_s"] <= budget_s]
+    return within[-1] if within else None
 
 
 def plot_curve(curve: dict[str, Any], path: Path, title: str) -> None:

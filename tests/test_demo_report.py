@@ -1,0 +1,60 @@
+"""The demo's curve: the GRPO seconds spent by each eval, and the last eval within a time budget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mmrl.cli.report import grpo_seconds, last_eval_within, learning_curve
+
+
+def _eval(step: int, rate: float, eval_s: float | None) -> dict[str, Any]:
+    record: dict[str, Any] = {"step": step, "greedy_solve_rate": rate, "adapter_version": step}
+    if eval_s is not None:
+        record["eval_s"] = eval_s
+    return record
+
+
+def _metric(step: int, step_s: float | None) -> dict[str, Any]:
+    record: dict[str, Any] = {"step": step, "reward/mean": 0.5}
+    if step_s is not None:
+        record["time/step_s"] = step_s
+    return record
+
+
+EVALS = [_eval(0, 0.5, 3.0), _eval(2, 0.6, 4.0), _eval(4, 0.7, 5.0)]
+METRICS = [_metric(1, 10.0), _metric(2, 20.0), _metric(3, 30.0), _metric(4, 40.0)]
+
+
+def test_each_eval_counts_the_steps_and_evals_up_to_it() -> None:
+    assert grpo_seconds(EVALS, METRICS) == {0: 3.0, 2: 3.0 + 10 + 20 + 4, 4: 3.0 + 100 + 4 + 5}
+
+
+def test_the_curve_carries_the_seconds_and_the_budget_picks_the_last_eval_inside_it() -> None:
+    curve = learning_curve(EVALS, METRICS)
+    assert [e["grpo_s"] for e in curve["eval"]] == [3.0, 37.0, 112.0]
+    assert last_eval_within(curve, 111.9)["step"] == 2  # type: ignore[index]
+    assert last_eval_within(curve, 112.0)["greedy_solve_rate"] == 0.7  # type: ignore[index]
+    assert last_eval_within(curve, 2.9) is None
+
+
+@pytest.mark.parametrize("evals, metrics", [
+    ([_eval(0, 0.5, None), _eval(2, 0.6, 4.0)], METRICS[:2]),
+    (EVALS[:2], [_metric(1, 10.0), _metric(2, None)]),
+])
+def test_a_record_without_its_time_leaves_the_seconds_out(evals, metrics) -> None:
+    assert grpo_seconds(evals, metrics) == {}
+    curve = learning_curve(evals, metrics)
+    assert all(e["grpo_s"] is None for e in curve["eval"])
+    assert last_eval_within(curve, 1e9) is None
+
+
+@pytest.mark.parametrize("minutes", ["0", "-5"])
+def test_the_demo_refuses_a_budget_that_is_not_positive(minutes: str, capsys) -> None:
+    from mmrl.cli import demo
+
+    with pytest.raises(SystemExit) as exc:
+        demo.main(["--budget-min", minutes, "--model", "/nonexistent/model"])
+    assert exc.value.code == 2
+    assert "--budget-min must be positive" in capsys.readouterr().err
