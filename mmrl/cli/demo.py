@@ -146,7 +146,7 @@ def main(argv: list[str]) -> int:
     print(f"\neval solve rate (greedy, {evals[0]['episodes']} mazes): {summary['start_solve_rate']:.3f} at step 0"
           f" -> {summary['end_solve_rate']:.3f} at step {last_step}")
     if within:
-        print(f"within {args.budget_min:g} minutes of GRPO: {within['greedy_solve_rate']:.3f} at step "
+        print(f"within {args.budget_min:g} min of GRPO: {within['greedy_solve_rate']:.3f} at step "
               f"{within['step']} ({within['grpo_s']:.0f} s of steps and evals)")
     print(f"GRPO {summary['grpo_wall_s']:.0f} s, SFT {summary['sft_wall_s']:.0f} s; outputs in {args.out}/ "
           "(curve.json, curve.png, solved_episode.png, summary.json)")
