@@ -176,6 +176,14 @@ class OptimSettings(_Strict):
     num_minibatches: int = Field(
         1, ge=1, le=1024, description="Optimiser steps per training step (1 = plain on-policy GRPO)."
     )
+    epochs: int = Field(
+        1, ge=1, le=64,
+        description="Passes over each training step's batch (PPO epochs): epochs x num_minibatches optimiser steps.",
+    )
+
+    @property
+    def steps_per_train_step(self) -> int:
+        return self.num_minibatches * self.epochs
 
 
 class EvalSettings(_Strict):
@@ -223,9 +231,9 @@ class RunConfig(_Strict):
         if self.colocated and self.grpo.async_rollout:
             raise ValueError("grpo.async_rollout samples while the learner trains; "
                              "a colocated rollout engine sleeps then (set one of them false)")
-        if self.optim.lr_schedule == "cosine" and self.optim.warmup_steps >= self.steps * self.optim.num_minibatches:
-            raise ValueError("optim.warmup_steps must be shorter than the run "
-                             "(steps x num_minibatches optimiser steps) to leave room for the cosine decay")
+        if self.optim.lr_schedule == "cosine" and self.optim.warmup_steps >= self.steps * self.optim.steps_per_train_step:
+            raise ValueError("optim.warmup_steps must be shorter than the run (steps x num_minibatches x epochs "
+                             "optimiser steps) to leave room for the cosine decay")
         if self.grpo.async_rollout and self.grpo.old_logprobs == "rollout":
             raise ValueError("grpo.async_rollout samples with the version before the learner's, so the "
                              "rollout log-probs are not the old policy (set grpo.old_logprobs: learner)")
@@ -248,6 +256,7 @@ class RunConfig(_Strict):
             "max_grad_norm": self.optim.max_grad_norm,
             "micro_batch_size": self.optim.micro_batch_size,
             "num_minibatches": self.optim.num_minibatches,
+            "num_epochs": self.optim.epochs,
             "clip_low": self.grpo.clip_low,
             "clip_high": self.grpo.clip_high,
             "kl_coef": self.grpo.kl_coef,
@@ -259,7 +268,7 @@ class RunConfig(_Strict):
         if self.lora.target_modules is not None:
             cfg["lora_target_modules"] = self.lora.target_modules
         if self.optim.lr_schedule == "cosine":  # the learner counts optimiser steps
-            cfg["total_steps"] = self.steps * self.optim.num_minibatches
+            cfg["total_steps"] = self.steps * self.optim.steps_per_train_step
             cfg["min_lr_ratio"] = self.optim.min_lr_ratio
         return cfg
 

@@ -58,6 +58,10 @@ class LearnerRunConfig(BaseModel):
     """Optimiser steps per TrainStep: the batch is split into this many mini-batches (in request
     order), one step each. 1 is plain on-policy GRPO (the PPO ratio is 1); with more, the later
     steps are off-policy and the clipped ratio against the pre-step log-probs applies."""
+    num_epochs: int = Field(default=1, ge=1, le=64)
+    """Passes over the batch per TrainStep (PPO epochs): every pass takes one optimiser step per
+    mini-batch, so a TrainStep takes num_epochs x num_minibatches steps, all against the old
+    log-probs of the batch from before the first one."""
     micro_batch_size: int = Field(default=8, ge=1, le=4096)
     """Trajectories per forward/backward on each rank; gradients accumulate over micro-batches, so
     any batch size fits memory and the result does not depend on this value."""

@@ -1,7 +1,7 @@
 """The optimiser steps of one TrainStep, run by every rank on its shard of the batch.
 
 Reads top to bottom as the algorithm. The batch is split into `num_minibatches` mini-batches
-(one optimiser step each). For each mini-batch and each of its micro-batches: the learner's
+(one optimiser step each), and `num_epochs` passes are made over them. For each mini-batch and each of its micro-batches: the learner's
 log-probs (with gradient) and, with a KL term, the reference log-probs (adapter disabled); the
 per-token loss (loss.py) weighted so that the sum over all micro-batches of all ranks is the
 mini-batch's loss; backward. Then gradient clipping, a non-finite check that skips the step, and
@@ -12,8 +12,8 @@ backpropagates `world_size * local_loss`, and FSDP2 averages gradients over rank
 gradient is that of the whole mini-batch's loss for any number of ranks and any micro-batch size.
 
 The "old" policy of the PPO ratio is the learner's own log-probs before the TrainStep's first
-update: for the first mini-batch they are the detached log-probs of its own forward (ratio 1, the
-plain policy gradient); for later ones, which are off-policy and where the clip (and clip-higher)
+update: for the first mini-batch of a single pass they are the detached log-probs of its own
+forward (ratio 1, the plain policy gradient); for later ones and later passes, which are off-policy and where the clip (and clip-higher)
 binds, a no-grad pass computes them before the first update. With `old_logprobs: rollout` the
 rollout engine's log-probs stand in for them and that pass is skipped. Otherwise the rollout
 engine's log-probs enter only through the truncated importance-sampling weights and the
@@ -106,10 +106,12 @@ def old_policy_logprobs(
     model: Any, chunked: list[list[PolicyBatch]], config: LearnerRunConfig, device: torch.device
 ) -> list[list[torch.Tensor] | None]:
     """Per mini-batch, the old policy's log-probs of each micro-batch, or None where the
-    mini-batch's own forward gives them (the first one, before any update)."""
+    mini-batch's own forward gives them (the first one, before any update, when it is trained on
+    only once)."""
     if config.old_logprobs == "rollout":
         return [[batch.rollout_logprobs.to(device) for batch in batches] for batches in chunked]
-    return [None, *(_old_logprobs(model, batches, device) for batches in chunked[1:])]
+    first = None if config.num_epochs == 1 else _old_logprobs(model, chunked[0], device)
+    return [first, *(_old_logprobs(model, batches, device) for batches in chunked[1:])]
 
 
 def _accumulate_gradients(
@@ -193,8 +195,9 @@ def train_step(
     spec: ModelSpec,
     ctx: DistContext,
 ) -> StepOutcome:
-    """One optimiser step per mini-batch, starting at optimiser step `step`. Every rank holds the
-    same number of items per mini-batch (padding copies have weight 0). Collective."""
+    """One optimiser step per mini-batch in each of `config.num_epochs` passes over them, starting
+    at optimiser step `step`. Every rank holds the same number of items per mini-batch (padding
+    copies have weight 0). Collective."""
     chunked = [_batches(minibatch, config, spec) for minibatch in minibatches]
     old = old_policy_logprobs(model, chunked, config, ctx.device)  # before the first update
     totals = torch.zeros(len(_SUMS), dtype=torch.float64)
@@ -202,14 +205,19 @@ def train_step(
     losses, pg_losses, kls, grad_norms, num_skipped = [], [], [], [], 0
     set_lora_dropout(model, True)
     try:
-        for index, (minibatch, batches) in enumerate(zip(minibatches, chunked, strict=True)):
+        passes = [
+            (index, minibatch, batches)
+            for _ in range(config.num_epochs)
+            for index, (minibatch, batches) in enumerate(zip(minibatches, chunked, strict=True))
+        ]
+        for offset, (index, minibatch, batches) in enumerate(passes):
             sums, max_diff = _accumulate_gradients(
                 model, batches, minibatch.totals, old[index], config, ctx
             )
             all_reduce(sums)
             all_reduce(max_diff, op="max")
             sums_cpu = sums.cpu()
-            grad_norm, skipped = _optimizer_step(model, optimizer, config, step + index, float(sums_cpu[0]))
+            grad_norm, skipped = _optimizer_step(model, optimizer, config, step + offset, float(sums_cpu[0]))
             totals += sums_cpu
             max_abs_diff = max(max_abs_diff, float(max_diff))
             losses.append(float(sums_cpu[0]))
@@ -228,13 +236,13 @@ def train_step(
         "train/clip_fraction": total["clipped"] / generated,
         "train/entropy": total["entropy"] / generated,
         "train/grad_norm": statistics.fmean(grad_norms),
-        "train/learning_rate": learning_rate_at(step + len(minibatches) - 1, config),
+        "train/learning_rate": learning_rate_at(step + len(passes) - 1, config),
         "train/logprob_abs_diff_vs_rollout": total["abs_diff"] / generated,
         "train/logprob_abs_diff_vs_rollout_max": max_abs_diff,
         "train/num_trajectories": float(sum(m.totals.num_trajectories for m in minibatches)),
         "train/num_tokens": float(sum(m.totals.num_tokens for m in minibatches)),
         "train/num_generated_tokens": float(sum(m.totals.num_generated_tokens for m in minibatches)),
-        "train/optimizer_steps": float(len(minibatches)),
+        "train/optimizer_steps": float(len(passes)),
         "train/skipped": float(num_skipped > 0),
         "train/skipped_steps": float(num_skipped),
     }
@@ -242,4 +250,4 @@ def train_step(
         metrics["train/kl"] = statistics.fmean(kls)
     if config.tis_cap is not None:
         metrics["train/tis_weight_mean"] = total["is_weight"] / generated
-    return StepOutcome(metrics=metrics, skipped=num_skipped > 0, num_steps=len(minibatches))
+    return StepOutcome(metrics=metrics, skipped=num_skipped > 0, num_steps=len(passes))

@@ -58,6 +58,15 @@ def test_a_cosine_schedule_decays_over_the_runs_optimiser_steps() -> None:
         load_run_config(ROOT / "configs" / "maze-tiny-cpu.yaml", {
             "steps": 2, "optim.num_minibatches": 1, "optim.warmup_steps": 2, "optim.lr_schedule": "cosine"})
 
+    # PPO epochs: every pass over the batch takes its own optimiser steps.
+    run = load_run_config(ROOT / "configs" / "maze-tiny-cpu.yaml", {
+        "steps": 10, "optim.num_minibatches": 4, "optim.epochs": 2, "optim.lr_schedule": "cosine"})
+    learner = LearnerRunConfig.model_validate(run.learner_config())
+    assert (learner.num_epochs, learner.total_steps) == (2, 80)
+    assert load_run_config(ROOT / "configs" / "maze-tiny-cpu.yaml", {
+        "steps": 1, "optim.num_minibatches": 1, "optim.epochs": 3, "optim.warmup_steps": 2,
+        "optim.lr_schedule": "cosine"}).optim.steps_per_train_step == 3
+
 
 def test_the_seeds_of_a_step_are_a_pure_function_of_run_seed_and_step() -> None:
     assert step_seeds(0, 5, 0, 8, set()) == step_seeds(0, 5, 0, 8, set())

@@ -231,3 +231,25 @@ def test_rollout_logprobs_as_the_old_policy_give_the_learners_step_when_they_agr
     # Log-probs that disagree with the learner's are used as they are: even one mini-batch clips.
     driver = _configure(make_driver, learning_rate=0.05, old_logprobs="rollout")
     assert driver.train_step("run", trajectories).metrics["train/clip_fraction"] > 0.0
+
+
+def test_epochs_pass_over_the_batch_again_against_the_pre_step_policy(
+    make_driver: Callable[..., Any], trajectories: list[Trajectory], tiny_model_dir: Path
+) -> None:
+    driver = _configure(make_driver, learning_rate=0.05, num_epochs=2, warmup_steps=5)
+    result = driver.train_step("run", trajectories)
+    assert result.step == 2 and result.metrics["train/optimizer_steps"] == 2.0
+    assert result.metrics["train/learning_rate"] == pytest.approx(0.05 * 2 / 6)  # the second warm-up step
+    # The second pass is off-policy: its ratios against the pre-step policy leave [0.8, 1.28].
+    assert 0.0 < result.metrics["train/clip_fraction"] < 1.0
+
+    # The old policy of the second pass is the one from before the first: the learner's log-probs
+    # and rollout log-probs equal to them give the same update (a ratio of 1 there would not).
+    own = _with_learner_logprobs(make_driver(), trajectories, tiny_model_dir)
+    adapters = {}
+    for source in ("learner", "rollout"):
+        driver = _configure(make_driver, learning_rate=0.05, num_epochs=2, old_logprobs=source)
+        driver.train_step("run", own)
+        adapters[source] = adapter_weights(driver)
+    for name, weight in adapters["learner"].items():
+        assert torch.allclose(weight, adapters["rollout"][name], atol=1e-5), name
