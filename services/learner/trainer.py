@@ -1,23 +1,23 @@
 """The optimiser steps of one TrainStep, run by every rank on its shard of the batch.
 
-Reads top to bottom as the algorithm. The batch is split into `num_minibatches` mini-batches
-(one optimiser step each), and `num_epochs` passes are made over them. For each mini-batch and each of its micro-batches: the learner's
-log-probs (with gradient) and, with a KL term, the reference log-probs (adapter disabled); the
-per-token loss (loss.py) weighted so that the sum over all micro-batches of all ranks is the
-mini-batch's loss; backward. Then gradient clipping, a non-finite check that skips the step, and
-AdamW at the scheduled learning rate.
+Reads top to bottom as the algorithm. The batch is split into `num_minibatches` mini-batches (one
+optimiser step each), and `num_epochs` passes are made over them. For each mini-batch and each of
+its micro-batches: the learner's log-probs (with gradient) and, with a KL term, the reference
+log-probs (adapter disabled); the per-token loss (loss.py) weighted so that the sum over all
+micro-batches of all ranks is the mini-batch's loss; backward. Then gradient clipping, a non-finite
+check that skips the step, and AdamW at the scheduled learning rate.
 
 Normalisation: the weights come from whole-mini-batch counts (`BatchTotals`), each rank
-backpropagates `world_size * local_loss`, and FSDP2 averages gradients over ranks, so the
-gradient is that of the whole mini-batch's loss for any number of ranks and any micro-batch size.
+backpropagates `world_size * local_loss`, and FSDP2 averages gradients over ranks, so the gradient
+is that of the whole mini-batch's loss for any number of ranks and any micro-batch size.
 
 The "old" policy of the PPO ratio is the learner's own log-probs before the TrainStep's first
 update: for the first mini-batch of a single pass they are the detached log-probs of its own
-forward (ratio 1, the plain policy gradient); for later ones and later passes, which are off-policy and where the clip (and clip-higher)
-binds, a no-grad pass computes them before the first update. With `old_logprobs: rollout` the
-rollout engine's log-probs stand in for them and that pass is skipped. Otherwise the rollout
-engine's log-probs enter only through the truncated importance-sampling weights and the
-`logprob_abs_diff_vs_rollout` check.
+forward (ratio 1, the plain policy gradient); for later ones and later passes, which are off-policy
+and where the clip (and clip-higher) binds, a no-grad pass computes them before the first update.
+With `old_logprobs: rollout` the rollout engine's log-probs stand in for them and that pass is
+skipped. Otherwise the rollout engine's log-probs enter only through the truncated
+importance-sampling weights and the `logprob_abs_diff_vs_rollout` check.
 """
 
 from __future__ import annotations
@@ -203,13 +203,13 @@ def train_step(
     totals = torch.zeros(len(_SUMS), dtype=torch.float64)
     max_abs_diff = 0.0
     losses, pg_losses, kls, grad_norms, num_skipped = [], [], [], [], 0
+    passes = [
+        (index, minibatch, batches)
+        for _ in range(config.num_epochs)
+        for index, (minibatch, batches) in enumerate(zip(minibatches, chunked, strict=True))
+    ]
     set_lora_dropout(model, True)
     try:
-        passes = [
-            (index, minibatch, batches)
-            for _ in range(config.num_epochs)
-            for index, (minibatch, batches) in enumerate(zip(minibatches, chunked, strict=True))
-        ]
         for offset, (index, minibatch, batches) in enumerate(passes):
             sums, max_diff = _accumulate_gradients(
                 model, batches, minibatch.totals, old[index], config, ctx
