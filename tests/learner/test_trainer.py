@@ -215,18 +215,26 @@ def _with_learner_logprobs(driver: Any, trajectories: list[Trajectory], model_di
     return own
 
 
-def test_rollout_logprobs_as_the_old_policy_give_the_learners_step_when_they_agree(
-    make_driver: Callable[..., Any], trajectories: list[Trajectory], tiny_model_dir: Path
+def _assert_same_step_from_either_old_policy(
+    make_driver: Callable[..., Any], own: list[Trajectory], **config: Any
 ) -> None:
-    own = _with_learner_logprobs(make_driver(), trajectories, tiny_model_dir)
+    """One TrainStep on trajectories carrying the learner's own log-probs (`_with_learner_logprobs`)
+    gives the same adapter with the learner's and with the rollout's log-probs as the old policy."""
     adapters = {}
     for source in ("learner", "rollout"):
-        driver = _configure(make_driver, learning_rate=0.05, num_minibatches=3, old_logprobs=source)
+        driver = _configure(make_driver, learning_rate=0.05, old_logprobs=source, **config)
         metrics = driver.train_step("run", own).metrics  # sampled by version 0: the learner's own
         assert metrics["train/logprob_abs_diff_vs_rollout_max"] < 1e-5
         adapters[source] = adapter_weights(driver)
     for name, weight in adapters["learner"].items():
         assert torch.allclose(weight, adapters["rollout"][name], atol=1e-5), name
+
+
+def test_rollout_logprobs_as_the_old_policy_give_the_learners_step_when_they_agree(
+    make_driver: Callable[..., Any], trajectories: list[Trajectory], tiny_model_dir: Path
+) -> None:
+    own = _with_learner_logprobs(make_driver(), trajectories, tiny_model_dir)
+    _assert_same_step_from_either_old_policy(make_driver, own, num_minibatches=3)
 
     # Log-probs that disagree with the learner's are used as they are: even one mini-batch clips.
     driver = _configure(make_driver, learning_rate=0.05, old_logprobs="rollout")
@@ -246,10 +254,4 @@ def test_epochs_pass_over_the_batch_again_against_the_pre_step_policy(
     # The old policy of the second pass is the one from before the first: the learner's log-probs
     # and rollout log-probs equal to them give the same update (a ratio of 1 there would not).
     own = _with_learner_logprobs(make_driver(), trajectories, tiny_model_dir)
-    adapters = {}
-    for source in ("learner", "rollout"):
-        driver = _configure(make_driver, learning_rate=0.05, num_epochs=2, old_logprobs=source)
-        driver.train_step("run", own)
-        adapters[source] = adapter_weights(driver)
-    for name, weight in adapters["learner"].items():
-        assert torch.allclose(weight, adapters["rollout"][name], atol=1e-5), name
+    _assert_same_step_from_either_old_policy(make_driver, own, num_epochs=2)
