@@ -17,7 +17,12 @@ forward (ratio 1, the plain policy gradient); for later ones and later passes, w
 and where the clip (and clip-higher) binds, a no-grad pass computes them before the first update.
 With `old_logprobs: rollout` the rollout engine's log-probs stand in for them and that pass is
 skipped. Otherwise the rollout engine's log-probs enter only through the truncated
-importance-sampling weights and the `logprob_abs_diff_vs_rollout` check.
+importance-sampling weights.
+
+The `logprob_abs_diff_vs_rollout` check compares the learner's log-probs from before the first
+update with the rollout engine's: over the whole first pass when the learner computes its own old
+log-probs, and over the first mini-batch (the only one it sees before an update) with
+`old_logprobs: rollout`.
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ class StepOutcome:
 
 
 # Token-level sums accumulated over micro-batches and then over ranks, in this order.
-_SUMS = ("loss", "pg_loss", "kl", "clipped", "entropy", "abs_diff", "generated", "is_weight")
+_SUMS = ("loss", "pg_loss", "kl", "clipped", "entropy", "abs_diff", "checked", "generated", "is_weight")
 
 
 def micro_batches(items: Sequence[PreparedTrajectory], size: int) -> list[list[PreparedTrajectory]]:
@@ -121,8 +126,10 @@ def _accumulate_gradients(
     old: list[torch.Tensor] | None,
     config: LearnerRunConfig,
     ctx: DistContext,
+    check: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward/backward over one mini-batch's micro-batches; returns this rank's (sums, max |diff|)."""
+    """Forward/backward over one mini-batch's micro-batches; returns this rank's (sums, max |diff|).
+    With `check`, the learner's log-probs before any update are compared with the rollout's."""
     device = ctx.device
     sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=device)
     max_abs_diff = torch.zeros((), dtype=torch.float64, device=device)
@@ -152,7 +159,10 @@ def _accumulate_gradients(
         loss = (weights * terms.total).sum()
         (loss * ctx.world_size).backward()
         with torch.no_grad():
-            abs_diff = (old_logprobs - rollout).abs() * mask  # before any update of this TrainStep
+            # The learner's log-probs before any update of this TrainStep (module docstring).
+            before = old_logprobs if config.old_logprobs == "learner" else logprobs.detach()
+            checked = mask if check else torch.zeros_like(mask)
+            abs_diff = (before - rollout).abs() * checked
             sums += torch.stack(
                 [
                     loss.detach(),
@@ -161,6 +171,7 @@ def _accumulate_gradients(
                     (terms.clipped.float() * mask).sum(),
                     (entropy * mask).sum(),
                     abs_diff.sum(),
+                    checked.sum(),
                     mask.sum(),
                     (terms.is_weight * mask).sum() if terms.is_weight is not None else mask.sum(),
                 ]
@@ -211,8 +222,9 @@ def train_step(
     set_lora_dropout(model, True)
     try:
         for offset, (index, minibatch, batches) in enumerate(passes):
+            check = offset == 0 or (config.old_logprobs == "learner" and offset < len(minibatches))
             sums, max_diff = _accumulate_gradients(
-                model, batches, minibatch.totals, old[index], config, ctx
+                model, batches, minibatch.totals, old[index], config, ctx, check
             )
             all_reduce(sums)
             all_reduce(max_diff, op="max")
@@ -237,7 +249,7 @@ def train_step(
         "train/entropy": total["entropy"] / generated,
         "train/grad_norm": statistics.fmean(grad_norms),
         "train/learning_rate": learning_rate_at(step + len(passes) - 1, config),
-        "train/logprob_abs_diff_vs_rollout": total["abs_diff"] / generated,
+        "train/logprob_abs_diff_vs_rollout": total["abs_diff"] / max(total["checked"], 1.0),
         "train/logprob_abs_diff_vs_rollout_max": max_abs_diff,
         "train/num_trajectories": float(sum(m.totals.num_trajectories for m in minibatches)),
         "train/num_tokens": float(sum(m.totals.num_tokens for m in minibatches)),

@@ -255,3 +255,26 @@ def test_epochs_pass_over_the_batch_again_against_the_pre_step_policy(
     # and rollout log-probs equal to them give the same update (a ratio of 1 there would not).
     own = _with_learner_logprobs(make_driver(), trajectories, tiny_model_dir)
     _assert_same_step_from_either_old_policy(make_driver, own, num_epochs=2)
+
+
+def test_the_rollout_check_compares_the_learners_logprobs_also_when_the_rollouts_are_the_old_policy(
+    make_driver: Callable[..., Any], trajectories: list[Trajectory]
+) -> None:
+    # The stand-in engine's log-probs are far off the model's: the check must say so in both modes.
+    diffs = {}
+    for source in ("learner", "rollout"):
+        metrics = _configure(make_driver, old_logprobs=source).train_step("run", trajectories).metrics
+        diffs[source] = (
+            metrics["train/logprob_abs_diff_vs_rollout"],
+            metrics["train/logprob_abs_diff_vs_rollout_max"],
+        )
+    assert diffs["learner"][0] > 0.1
+    assert diffs["rollout"] == pytest.approx(diffs["learner"], rel=1e-5)
+
+    # With several mini-batches, only the first is seen before an update: the check covers it alone.
+    first = trajectories[: len(trajectories) // 3]
+    alone = _configure(make_driver, old_logprobs="rollout").train_step("run", first).metrics
+    split = _configure(make_driver, old_logprobs="rollout", num_minibatches=3).train_step("run", trajectories)
+    assert split.metrics["train/logprob_abs_diff_vs_rollout"] == pytest.approx(
+        alone["train/logprob_abs_diff_vs_rollout"], rel=1e-5
+    )
