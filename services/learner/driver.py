@@ -63,6 +63,8 @@ class LearnerDriver:
         self.engine = engine
         self.ctx = engine.ctx
         self.shared_root = Path(engine.settings.shared_root)
+        # The checkpoint that holds exactly the current state (saved or restored, not trained since).
+        self._state_checkpoint: Path | None = None
 
     def _send(self, command: Command) -> None:
         if self.ctx.world_size > 1:
@@ -97,13 +99,14 @@ class LearnerDriver:
             storage.remove_stale_temporaries(parent)
         checkpoint = ckpt.newest_valid_checkpoint(self.shared_root, run_id)
         if checkpoint is not None:
-            self._check_compatible(checkpoint, config)
+            self._check_compatible(checkpoint, run_id, config)
         version = existing_run_versions(self.shared_root, run_id)
         run_dir = storage.run_dir(self.shared_root, run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / CONFIG_FILE).write_text(config.model_dump_json(indent=2))
         command = Command("configure", run_id=run_id, config_json=config.model_dump_json(), version=version)
         self._send(command)
+        self._state_checkpoint = None
         state = self.engine.configure(run_id, config, version)
         if checkpoint is not None:
             state = self._load(checkpoint, reset_on_error=True)
@@ -127,6 +130,7 @@ class LearnerDriver:
             for group in groups
         ]
         self._send(Command("train", totals=totals))
+        self._state_checkpoint = None
         if self.ctx.world_size > 1:
             shards = [
                 [[(trajectories[i], pad) for i, pad in plan[rank]] for plan in plans] if rank else []
@@ -164,15 +168,27 @@ class LearnerDriver:
         return published
 
     def save_checkpoint(self, run_id: str) -> tuple[int, Path, float]:
+        """Writes the current step's checkpoint; a repeat after a save or a restore of that very
+        checkpoint returns it. A checkpoint of the same step that holds another state (the run was
+        restored from an older one and trained again) is refused, not overwritten."""
         self._require(run_id)
         step = self.engine.state().step
         existing = storage.checkpoint_dir(self.shared_root, run_id, step)
         if existing.exists():
-            storage.verify_manifest(existing)
+            if existing != self._state_checkpoint:
+                raise StateError(
+                    f"{existing} holds another state of step {step}: the run was restored from an older "
+                    "checkpoint and trained again; move that checkpoint (and later ones) away to save this one"
+                )
+            try:
+                storage.verify_manifest(existing)
+            except storage.ManifestError as exc:
+                raise StateError(f"checkpoint {existing} is incomplete or altered: {exc}") from exc
             return step, existing, 0.0
         self._send(Command("save"))
         saved = self.engine.save_checkpoint()
         assert saved is not None
+        self._state_checkpoint = saved[0]
         log.info("saved checkpoint", extra={"run_id": run_id, "step": step, "path": str(saved[0])})
         return step, saved[0], saved[1]
 
@@ -191,18 +207,20 @@ class LearnerDriver:
                 raise FileNotFoundError(f"run {run_id!r} has no complete checkpoint")
             directory = found
         assert self.engine.run is not None
-        self._check_compatible(directory, self.engine.run.config)
+        self._check_compatible(directory, run_id, self.engine.run.config)
         return self._load(directory, reset_on_error=False)
 
     def shutdown(self) -> None:
         """Releases the other ranks from `worker_loop`."""
         self._send(Command("stop"))
 
-    def _check_compatible(self, directory: Path, config: LearnerRunConfig) -> None:
+    def _check_compatible(self, directory: Path, run_id: str, config: LearnerRunConfig) -> None:
         try:
             saved = ckpt.read_trainer_state(directory)
         except storage.ManifestError as exc:
             raise StateError(f"checkpoint {directory} is incomplete or altered: {exc}") from exc
+        if saved.run_id != run_id:
+            raise StateError(f"checkpoint {directory} belongs to run {saved.run_id!r}, not {run_id!r}")
         wanted = config.adapter_shape_fields()
         have = {k: saved.config.get(k) for k in wanted}
         if have != wanted:
@@ -220,6 +238,7 @@ class LearnerDriver:
             raise StateError(f"cannot restore {directory}: {exc}") from exc
         self._send(Command("load", path=str(directory)))
         state = self.engine.load_checkpoint(directory, loaded)
+        self._state_checkpoint = directory
         log.info("restored checkpoint", extra={"path": str(directory), "step": state.step})
         return state
 

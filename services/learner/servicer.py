@@ -2,8 +2,9 @@
 
 Driver calls run one at a time on a single worker thread (they hold collectives with the other
 ranks and the model), so the event loop keeps serving health checks during a training step.
-Error mapping: ValueError -> INVALID_ARGUMENT (the message names the trajectory), StateError ->
-FAILED_PRECONDITION, FileNotFoundError -> NOT_FOUND.
+Error mapping: ValueError -> INVALID_ARGUMENT (the message names the trajectory), StateError, an
+altered checkpoint or adapter directory (ManifestError) and a version directory that is already there
+(FileExistsError) -> FAILED_PRECONDITION, FileNotFoundError -> NOT_FOUND.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TypeVar
 import grpc
 
 from mmrl.v1 import learner_pb2, learner_pb2_grpc
+from services.common import storage
 from services.common.trajectory import Trajectory
 from services.learner.driver import LearnerDriver, StateError
 from services.learner.engine import LearnerState
@@ -46,7 +48,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except StateError as exc:
+        except (StateError, storage.ManifestError, FileExistsError) as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except FileNotFoundError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))

@@ -209,6 +209,36 @@ async def test_train_publish_checkpoint_and_a_restarted_learner_continues_the_ru
         await restarted.stop()
 
 
+async def test_a_save_after_a_rollback_and_more_training_is_refused_rather_than_answered_with_the_old_state(
+    learner: Learner, trajectories: list[Trajectory], tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared"
+    await learner.stub.ConfigureRun(learner_pb2.ConfigureRunRequest(run_id="run", config_json=CONFIG))
+    paths = []
+    for _ in range(2):
+        await learner.stub.TrainStep(_train("run", trajectories[:3]))
+        paths.append((await learner.stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(run_id="run"))).path)
+    await learner.stub.LoadCheckpoint(learner_pb2.LoadCheckpointRequest(run_id="run", path=paths[0]))
+    again = await learner.stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(run_id="run"))
+    assert (again.step, again.path, again.checkpoint_ms) == (1, paths[0], 0.0)  # the restored state itself
+
+    await learner.stub.TrainStep(_train("run", trajectories[3:]))  # step 2 again, on other episodes
+    code, message = await _code(learner.stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(run_id="run")))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "another state of step 2" in message
+    assert storage.verify_manifest(Path(paths[1]))  # the other branch's checkpoint is left as it was
+
+    # Another run's checkpoint is not restored into this one; a version directory left without a
+    # manifest is not overwritten.
+    await learner.stub.ConfigureRun(learner_pb2.ConfigureRunRequest(run_id="other", config_json=CONFIG))
+    code, message = await _code(
+        learner.stub.LoadCheckpoint(learner_pb2.LoadCheckpointRequest(run_id="other", path=paths[0]))
+    )
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "belongs to run 'run'" in message
+    storage.adapter_dir(shared, "other", 1).mkdir(parents=True)
+    code, message = await _code(learner.stub.PublishAdapter(learner_pb2.PublishAdapterRequest(run_id="other")))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "already exists" in message
+
+
 async def test_a_checkpoint_counts_train_steps_apart_from_optimiser_steps(
     learner: Learner, trajectories: list[Trajectory]
 ) -> None:
