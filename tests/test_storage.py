@@ -76,3 +76,15 @@ def test_bad_run_ids_are_refused(bad: str, tmp_path: Path) -> None:
 def test_is_within_resolves_dot_dot(tmp_path: Path) -> None:
     assert storage.is_within(tmp_path / "runs" / "a", tmp_path)
     assert not storage.is_within(tmp_path / "runs" / ".." / ".." / "etc", tmp_path)
+
+
+@pytest.mark.parametrize("manifest", [
+    "not json", "[1, 2]", '"files"', '{"created_at": 1}', '{"files": ["a.bin", "b.json"]}',
+    '{"files": {"a.bin": {"bytes": 5}, "b.json": {"bytes": 2}}}', '{"files": {"a.bin": "x", "b.json": "y"}}',
+])
+def test_a_malformed_manifest_is_a_manifest_error(tmp_path: Path, manifest: str) -> None:
+    target = storage.adapter_dir(tmp_path, "run-1", 1)
+    storage.publish_directory(target, _write_two_files)
+    (target / storage.MANIFEST).write_text(manifest)
+    with pytest.raises(storage.ManifestError, match="is not a valid manifest"):
+        storage.verify_manifest(target)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "manifest.json"
+_MANIFEST_SHAPE = '{"files": {"<path>": {"sha256": "<hex>", ...}, ...}, ...}'
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
@@ -102,9 +103,10 @@ def verify_manifest(directory: Path) -> dict[str, Any]:
         raise ManifestError(f"{directory} has no {MANIFEST}")
     try:
         manifest = json.loads(manifest_path.read_text())
-        listed = manifest["files"]
-    except (ValueError, KeyError) as exc:
-        raise ManifestError(f"{manifest_path} is not a valid manifest: {exc}") from exc
+        listed = {rel: entry["sha256"] for rel, entry in manifest["files"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # bad JSON, or JSON of another shape
+        raise ManifestError(f"{manifest_path} is not a valid manifest (expected {_MANIFEST_SHAPE}): "
+                            f"{type(exc).__name__}: {exc}") from exc
     present = {
         p.relative_to(directory).as_posix()
         for p in directory.rglob("*")
@@ -114,10 +116,10 @@ def verify_manifest(directory: Path) -> dict[str, Any]:
         raise ManifestError(
             f"{directory}: files {sorted(present ^ set(listed))} differ between disk and manifest"
         )
-    for rel, entry in listed.items():
+    for rel, expected in listed.items():
         actual = sha256_file(directory / rel)
-        if actual != entry["sha256"]:
-            raise ManifestError(f"{directory / rel}: sha256 {actual} != manifest {entry['sha256']}")
+        if actual != expected:
+            raise ManifestError(f"{directory / rel}: sha256 {actual} != manifest {expected}")
     return dict(manifest)
 
 

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.config_files import read_config_file
 from services.env.maze import MIN_SIZE
+from services.env.render import frame_side
 
 
 class EnvConfig(BaseModel):
@@ -45,6 +46,9 @@ class EnvConfig(BaseModel):
     """Pixels per grid unit when a spec has no "unit_px" option (8: the 9x9 grid makes 80x80 px)."""
     max_unit_px: int = Field(default=32, ge=1, le=64)
     """Largest "unit_px" accepted."""
+    max_frame_px: int = Field(default=1024, ge=1)
+    """Largest frame side in pixels, (size + 1) * unit_px (e.g. size 51 needs unit_px <= 19). Bounds memory:
+    each maze in use keeps its frame without the agent, side**2 bytes (1 MiB at 1024 px)."""
     maze_cache_size: int = Field(default=1024, ge=0)
     """Mazes (layout, solver distances, renderer) kept for reuse, least recently used out; the
     episodes of a GRPO group play the same maze and share one."""
@@ -59,6 +63,9 @@ class EnvConfig(BaseModel):
             raise ValueError(f"default_size must be odd, got {self.default_size}")
         if not 1 <= self.default_unit_px <= self.max_unit_px:
             raise ValueError(f"default_unit_px {self.default_unit_px} outside [1, {self.max_unit_px}]")
+        if frame_side(self.default_size, self.default_unit_px) > self.max_frame_px:
+            raise ValueError(f"default_size {self.default_size} at default_unit_px {self.default_unit_px} makes "
+                             f"frames larger than max_frame_px={self.max_frame_px}")
         return self
 
     def max_moves_for(self, size: int) -> int:

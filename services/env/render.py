@@ -10,8 +10,9 @@ u = 8) each merged image token sees one cell; the 9x9 grid gives 5x5 = 25 tokens
 
 Colours: wall, floor, goal (the whole goal unit), agent (a square inset by max(1, u // 8) px so that
 the cell colour under it, floor or goal, stays visible as a frame: the agent standing on the goal is
-visible), padding. Frames are palette PNGs written directly (8-bit indices, filter 0, zlib level 1):
-the same state gives byte-identical PNG bytes for a given zlib build, and identical pixels everywhere.
+visible; for u < 3 there is no inset and the agent fills its unit), padding. Frames are palette PNGs
+written directly (8-bit indices, filter 0, zlib level 1): the same state gives byte-identical PNG
+bytes for a given zlib build, and identical pixels everywhere.
 
 Speed: the static layer (walls, floor, goal) is built once per maze; a frame copies it, draws the
 agent and encodes. A renderer can cache each frame by agent cell (the frame depends on nothing else).

@@ -2,7 +2,8 @@
 
 Options of the maze environment (all values are strings, as in the proto's map):
   size          grid side including the outer wall, odd, within the config's bounds (default "9")
-  unit_px       pixels per grid unit of the frames (default "8": 80x80 px for size 9)
+  unit_px       pixels per grid unit of the frames (default "8": 80x80 px for size 9); the frame side
+                (size + 1) * unit_px must not exceed the config's max_frame_px
   require_stop  "true"/"false" (also 1/0, yes/no): VisGym-compatible mode, where reaching the goal
                 only counts when the agent then answers "stop" on it (default "false")
   start, goal   cell "row,col" (0-based cell coordinates, not grid units; default top-left and
@@ -22,11 +23,12 @@ from typing import Protocol
 from services.env.config import EnvConfig
 from services.env.errors import invalid
 from services.env.maze import Cell, num_cells_per_side
+from services.env.render import frame_side
 
 MAX_SEED = 2**53
 OPTIONS = ("goal", "require_stop", "size", "start", "unit_px")
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
-_CELL = re.compile(r"^\s*\(?\s*(\d+)\s*,\s*(\d+)\s*\)?\s*$")
+_CELL = re.compile(r"^\s*\(?\s*(\d{1,9})\s*,\s*(\d{1,9})\s*\)?\s*$")  # 9 digits: int() never refuses
 
 
 class SpecLike(Protocol):
@@ -115,6 +117,10 @@ def parse_spec(spec: SpecLike, config: EnvConfig, where: str = "spec") -> Episod
     unit_px = _int_option(options, "unit_px", config.default_unit_px, where)
     if not 1 <= unit_px <= config.max_unit_px:
         raise invalid(f"{where}.options.unit_px", f"must be in [1, {config.max_unit_px}], got {unit_px}")
+    side = frame_side(size, unit_px)
+    if side > config.max_frame_px:
+        raise invalid(f"{where}.options.unit_px", f"size {size} at unit_px {unit_px} makes {side}x{side} px frames, "
+                                                  f"more than max_frame_px={config.max_frame_px}")
 
     require_stop_text = options.get("require_stop", "false").strip().lower()
     if require_stop_text not in _TRUE + _FALSE:

@@ -104,13 +104,18 @@ class AdapterRegistry:
         return refs
 
     async def release(self, refs: Sequence[AdapterRef | None]) -> None:
+        """Ends the use `acquire` started: every count is decremented first, then each retired adapter
+        that no request uses any more is unloaded."""
+        unused = []
         for ref in refs:
             if ref is None:
                 continue
             adapter = self._by_id[ref.lora_int_id]
             adapter.in_flight -= 1
             if adapter.retired and adapter.in_flight == 0:
-                await self._unload(adapter)
+                unused.append(adapter)
+        for adapter in unused:
+            await self._unload(adapter)
 
     async def close(self) -> None:
         for adapter in list(self._by_id.values()):
@@ -186,7 +191,11 @@ class AdapterRegistry:
             config = json.loads((copy / "adapter_config.json").read_text())
         except (OSError, ValueError) as exc:
             raise FailedPrecondition(f"{source}: no readable adapter_config.json: {exc}") from exc
-        ranks = [int(config.get("r", 0)), *(int(r) for r in (config.get("rank_pattern") or {}).values())]
+        try:
+            ranks = [int(config.get("r", 0)), *(int(r) for r in (config.get("rank_pattern") or {}).values())]
+        except (AttributeError, TypeError, ValueError) as exc:  # not an object, rank_pattern not a map, ...
+            raise FailedPrecondition(f"{source}: adapter_config.json must be an object with an integer 'r' and "
+                                     f"a 'rank_pattern' of integers ({type(exc).__name__}: {exc})") from exc
         if max(ranks) > self._max_rank:
             raise FailedPrecondition(f"{source}: LoRA rank {max(ranks)} exceeds the service's max_lora_rank "
                                      f"{self._max_rank}")
@@ -209,6 +218,12 @@ class AdapterRegistry:
             await self._unload(adapter)
 
     async def _unload(self, adapter: LoadedAdapter) -> None:
+        """Removes a retired adapter from the engine and deletes its local copy. An engine failure is
+        logged, not raised: the requests or the load that led here have already succeeded."""
         self._by_id.pop(adapter.ref.lora_int_id, None)
-        await self._engine.remove_adapter(adapter.ref)
+        try:
+            await self._engine.remove_adapter(adapter.ref)
+        except Exception as exc:
+            log.error("adapter unload failed", extra={"run_id": adapter.run_id, "version": adapter.version,
+                                                      "error": repr(exc)})
         shutil.rmtree(adapter.ref.path, ignore_errors=True)

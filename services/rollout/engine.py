@@ -81,9 +81,11 @@ class ModelInfo:
 class Engine(Protocol):
     """An inference engine with versioned LoRA adapters.
 
-    `generate` runs all requests concurrently (continuous batching) and raises
-    `errors.InvalidArgument` naming the request index ("requests[3]: ...") for a request the
-    engine cannot take, before any request has run; `errors.Unavailable` when the engine is dead.
+    `generate` runs all requests concurrently (continuous batching) and returns one result per
+    request, in order. For a request the engine cannot take it raises `errors.InvalidArgument`
+    naming the request index ("requests[3]: ..."); other requests of the call may already have
+    started by then and are aborted (the vLLM engine submits each one as soon as it is rendered).
+    It raises `errors.Unavailable` when the engine is dead.
     """
 
     @property

@@ -1,9 +1,12 @@
 """`Engine` on vLLM's AsyncLLM (v1 engine): continuous batching, LoRA adapters, sleep mode on GPU.
 
-Every request of a `generate` call is first rendered (image placeholders expanded by the model's
-processor) and checked against the context length; only when all of them are acceptable are they
-added to the engine together, so a bad request refuses the whole call before anything runs and the
-others are batched with each other and with concurrent calls.
+A `generate` call first builds every request's sampling parameters; a bad one refuses the whole call
+before anything runs. Then each request is rendered (image placeholders expanded by the model's
+processor), checked against the context length and submitted at once, pipelined: the engine starts
+on the first while later ones are still being rendered, batched with each other and with concurrent
+calls. A request refused at that stage (by the processor, the length check or vLLM's own checks)
+aborts every request of the call, including those already running, and the call raises
+InvalidArgument for the first refused request.
 """
 
 from __future__ import annotations
@@ -81,7 +84,11 @@ class VllmEngine:
         # No local variable holds the AsyncLLM: frames kept alive by tracebacks would outlive shutdown.
         engine = cls(await asyncio.to_thread(AsyncLLM.from_engine_args, engine_args(config)), config)
         if warm_up:
-            await engine.warm_up(config.limit_images_per_prompt > 0)
+            try:
+                await engine.warm_up(config.limit_images_per_prompt > 0)
+            except BaseException:
+                await engine.shutdown()  # else the engine core process outlives the failed start
+                raise
         return engine
 
     @property

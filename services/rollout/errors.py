@@ -28,12 +28,13 @@ class NotFound(RolloutError):
 
 
 class FailedPrecondition(RolloutError):
-    """The system is not in a state to do this (checksum mismatch, sleep mode on CPU)."""
+    """The system is not in a state to do this (checksum mismatch, sleep mode on CPU, Generate while
+    asleep, LoadAdapter with LoRA disabled)."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class Unavailable(RolloutError):
-    """The engine is starting, asleep or dead."""
+    """The engine is starting or dead (worth retrying)."""
 
     code = grpc.StatusCode.UNAVAILABLE

@@ -22,7 +22,7 @@ from services.common.grpc_server import RunningServer, start_server
 from services.rollout.adapters import AdapterRegistry
 from services.rollout.config import RolloutConfig
 from services.rollout.engine import Engine, EngineResult
-from services.rollout.errors import InvalidArgument, RolloutError, Unavailable
+from services.rollout.errors import FailedPrecondition, InvalidArgument, RolloutError, Unavailable
 from services.rollout.validation import parse_requests
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name  # "mmrl.v1.RolloutService"
@@ -77,7 +77,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                        context: grpc.aio.ServicerContext) -> rollout_pb2.GenerateResponse:
         ready = self._get_ready()
         if self._asleep:
-            raise Unavailable("the engine is asleep (Sleep was called); call WakeUp first")
+            raise FailedPrecondition("the engine is asleep (Sleep was called); call WakeUp first")
         start = time.perf_counter()
         parsed, keys = parse_requests(request.requests, ready.engine.info, self.config.max_requests_per_call,
                                       self.config.limit_images_per_prompt)
@@ -101,7 +101,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                           context: grpc.aio.ServicerContext) -> rollout_pb2.LoadAdapterResponse:
         ready = self._get_ready()
         if not ready.engine.info.lora_supported:
-            raise Unavailable("this rollout service was started with enable_lora=false")
+            raise FailedPrecondition("this rollout service was started with enable_lora=false")
         adapter, load_ms = await ready.adapters.load(request.run_id, int(request.version), request.path)
         return rollout_pb2.LoadAdapterResponse(run_id=adapter.run_id, version=adapter.version,
                                                manifest_sha256=adapter.manifest_sha256, load_ms=load_ms)
@@ -120,18 +120,21 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def Sleep(self, request: rollout_pb2.SleepRequest,
                     context: grpc.aio.ServicerContext) -> rollout_pb2.SleepResponse:
         ready = self._get_ready()
-        if request.level not in (0, 1, 2):
-            raise InvalidArgument(f"sleep level must be 1 or 2 (0 = 1), got {request.level}")
-        await ready.engine.sleep(request.level or 1)
-        self._asleep = True
+        if request.level not in (0, 1):
+            raise InvalidArgument(f"sleep level must be 1 (0 means 1), got {request.level}: level 2 discards the "
+                                  "weights and WakeUp does not reload them")
+        if not self._asleep:  # again while asleep: nothing to do
+            await ready.engine.sleep(1)
+            self._asleep = True
         return rollout_pb2.SleepResponse()
 
     @_status_on_error
     async def WakeUp(self, request: rollout_pb2.WakeUpRequest,
                      context: grpc.aio.ServicerContext) -> rollout_pb2.WakeUpResponse:
         ready = self._get_ready()
-        await ready.engine.wake_up()
-        self._asleep = False
+        if self._asleep:  # awake already (a coordinator wakes the engines when a run restarts): nothing to do
+            await ready.engine.wake_up()
+            self._asleep = False
         return rollout_pb2.WakeUpResponse()
 
     @_status_on_error

@@ -120,6 +120,8 @@ async def test_garbage_action_text_is_an_invalid_move_not_an_error(service: Serv
         ([_spec(max_moves=-1)], "specs[0].max_moves: must be >= 0"),
         ([_spec(seed=-1)], "specs[0].seed: must be in [0, 2**53)"),
         ([_spec(unit_px="100")], "specs[0].options.unit_px: must be in [1, 32], got 100"),
+        ([_spec(size="51", unit_px="32")], "specs[0].options.unit_px: size 51 at unit_px 32 makes 1664x1664 px"),
+        ([_spec(start="1" * 5000 + ",0")], "specs[0].options.start: must be a cell 'row,col'"),
         ([_spec(speed="fast")], "specs[0].options: unknown option 'speed'"),
         ([_spec()] * 7, "specs: 7 items, more than max_batch=6"),
     ],

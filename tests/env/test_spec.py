@@ -43,7 +43,10 @@ def test_the_default_move_budget_scales_with_the_number_of_cells() -> None:
         ({"unit_px": "0"}, "specs[3].options.unit_px: must be in [1, 32], got 0"),
         ({"require_stop": "maybe"}, "specs[3].options.require_stop: must be true or false, got 'maybe'"),
         ({"start": "1;1"}, "specs[3].options.start: must be a cell 'row,col', got '1;1'"),
+        ({"start": "1" * 5000 + ",0"}, "specs[3].options.start: must be a cell 'row,col', got '111"),
         ({"goal": "4,0"}, "specs[3].options.goal: cell '4,0' is outside the 4x4 cells"),
+        ({"size": "51", "unit_px": "20"},
+         "specs[3].options.unit_px: size 51 at unit_px 20 makes 1040x1040 px frames, more than max_frame_px=1024"),
         ({"goal": "0,0"}, "specs[3].options.goal: must differ from start, both are (0, 0)"),
         ({"colour": "red"}, "specs[3].options: unknown option 'colour'"),
     ],
@@ -77,3 +80,9 @@ def test_config_rejects_unknown_fields_and_inconsistent_sizes() -> None:
         EnvConfig(default_size=10)
     with pytest.raises(ValueError):
         EnvConfig(max_size=7)
+    with pytest.raises(ValueError, match="max_frame_px"):
+        EnvConfig(max_frame_px=64)  # the default 9x9 grid at 8 px is 80x80
+
+
+def test_the_largest_grid_fits_max_frame_px_at_19_px_per_unit() -> None:
+    assert _parse(size="51", unit_px="19").unit_px == 19

@@ -17,14 +17,18 @@ TOKENS_PER_IMAGE = 4
 
 
 class FakeEngine:
-    def __init__(self, vocab_size: int = 512, max_model_len: int = 128) -> None:
-        self._info = ModelInfo("fake", max_model_len, vocab_size, IMAGE_TOKEN, sleep_supported=False,
-                               lora_supported=True)
+    def __init__(self, vocab_size: int = 512, max_model_len: int = 128, sleep_supported: bool = False,
+                 lora_supported: bool = True) -> None:
+        self._info = ModelInfo("fake", max_model_len, vocab_size, IMAGE_TOKEN, sleep_supported=sleep_supported,
+                               lora_supported=lora_supported)
         self.adapters: dict[int, AdapterRef] = {}
         self.dead = False
         self.closed = False
         self.hold: asyncio.Event | None = None  # when set, generate waits for it (requests stay in flight)
         self.calls: list[list[EngineRequest]] = []
+        self.sleep_levels: list[int] = []  # every level Sleep passed on (when sleep is supported)
+        self.wake_ups = 0
+        self.failing_removals: set[int] = set()  # lora_int_ids whose remove_adapter raises
 
     @property
     def info(self) -> ModelInfo:
@@ -57,6 +61,8 @@ class FakeEngine:
         self.adapters[adapter.lora_int_id] = adapter
 
     async def remove_adapter(self, adapter: AdapterRef) -> None:
+        if adapter.lora_int_id in self.failing_removals:
+            raise RuntimeError(f"fake engine cannot remove adapter {adapter.name}")
         del self.adapters[adapter.lora_int_id]
 
     async def loaded_adapter_ids(self) -> set[int]:
@@ -67,10 +73,14 @@ class FakeEngine:
             raise RuntimeError("fake engine is dead")
 
     async def sleep(self, level: int) -> None:
-        raise FailedPrecondition("sleep mode needs a GPU")
+        if not self._info.sleep_supported:
+            raise FailedPrecondition("sleep mode needs a GPU")
+        self.sleep_levels.append(level)
 
     async def wake_up(self) -> None:
-        raise FailedPrecondition("sleep mode needs a GPU")
+        if not self._info.sleep_supported:
+            raise FailedPrecondition("sleep mode needs a GPU")
+        self.wake_ups += 1
 
     async def shutdown(self) -> None:
         self.closed = True

@@ -152,3 +152,33 @@ async def test_an_adapter_of_too_large_a_rank_is_refused(registry: AdapterRegist
     with pytest.raises(FailedPrecondition, match="LoRA rank 32 exceeds the service's max_lora_rank 16"):
         await registry.load("run", 1, "")
     assert registry.loaded() == []
+
+
+@pytest.mark.parametrize("config", [
+    [8], {"r": "x"}, {"r": None}, {"r": 8, "rank_pattern": [4]}, {"r": 8, "rank_pattern": {"q_proj": "big"}},
+])
+async def test_a_malformed_adapter_config_is_a_failed_precondition(
+        registry: AdapterRegistry, shared: Path, config: object) -> None:
+    def write(tmp: Path) -> None:
+        (tmp / "adapter_config.json").write_text(json.dumps(config))
+        (tmp / "adapter_model.safetensors").write_bytes(b"weights")
+
+    storage.publish_directory(storage.adapter_dir(shared, "run", 1), write)
+    with pytest.raises(FailedPrecondition, match="adapter_config.json must be an object with an integer 'r'"):
+        await registry.load("run", 1, "")
+    assert registry.loaded() == []
+
+
+async def test_releasing_decrements_every_count_before_unloading_and_survives_a_failed_unload(
+        registry: AdapterRegistry, engine: FakeEngine, shared: Path) -> None:
+    for version in (1, 2):
+        publish(shared, "run", version)
+        await registry.load("run", version, "")
+    refs = registry.acquire([AdapterKey("run", 1), AdapterKey("run", 2)])
+    for version in (3, 4):
+        publish(shared, "run", version)
+        await registry.load("run", version, "")
+    assert refs[0] is not None
+    engine.failing_removals.add(refs[0].lora_int_id)
+    await registry.release(refs)
+    assert sorted(ref.version for ref in engine.adapters.values()) == [1, 3, 4]  # v1's removal failed, v2 went

@@ -147,3 +147,69 @@ async def test_closing_shuts_the_engine_down(service: Service) -> None:
     await service.server.close()
     assert service.engine.closed
     assert await _status(service) == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def test_generate_while_asleep_is_a_failed_precondition_until_wake_up(service: Service) -> None:
+    service.engine = FakeEngine(sleep_supported=True)
+    await _attach(service)
+    await service.stub.Sleep(rollout_pb2.SleepRequest())
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await service.stub.Generate(rollout_pb2.GenerateRequest(requests=[_request()]))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # not UNAVAILABLE: retrying cannot help
+    assert "call WakeUp first" in (info.value.details() or "")
+    await service.stub.WakeUp(rollout_pb2.WakeUpRequest())
+    assert len((await service.stub.Generate(rollout_pb2.GenerateRequest(requests=[_request()]))).results) == 1
+    assert service.engine.sleep_levels == [1] and service.engine.wake_ups == 1
+
+
+async def test_sleep_and_wake_up_again_in_the_same_state_leave_the_engine_alone(service: Service) -> None:
+    service.engine = FakeEngine(sleep_supported=True)
+    await _attach(service)
+    await service.stub.WakeUp(rollout_pb2.WakeUpRequest())  # awake already: a restarted coordinator's WakeUp
+    for _ in range(2):
+        await service.stub.Sleep(rollout_pb2.SleepRequest())
+    for _ in range(2):
+        await service.stub.WakeUp(rollout_pb2.WakeUpRequest())
+    assert (service.engine.sleep_levels, service.engine.wake_ups) == ([1], 1)
+
+
+async def test_sleep_level_2_is_refused_because_wake_up_would_not_reload_the_weights(service: Service) -> None:
+    service.engine = FakeEngine(sleep_supported=True)
+    await _attach(service)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await service.stub.Sleep(rollout_pb2.SleepRequest(level=2))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (info.value.details() or "").startswith("sleep level must be 1 (0 means 1), got 2")
+    assert service.engine.sleep_levels == []
+    assert len((await service.stub.Generate(rollout_pb2.GenerateRequest(requests=[_request()]))).results) == 1
+
+
+async def test_load_adapter_with_lora_disabled_is_a_failed_precondition(service: Service) -> None:
+    service.engine = FakeEngine(lora_supported=False)
+    await _attach(service)
+    publish(service.shared, "run", 1)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await service.stub.LoadAdapter(rollout_pb2.LoadAdapterRequest(run_id="run", version=1))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "enable_lora=false" in (info.value.details() or "")
+
+
+async def test_a_failed_unload_of_a_retired_adapter_still_returns_the_results(service: Service) -> None:
+    await _attach(service)
+    for version in (1, 2):
+        publish(service.shared, "run", version)
+        await service.stub.LoadAdapter(rollout_pb2.LoadAdapterRequest(run_id="run", version=version))
+    service.engine.hold = asyncio.Event()
+    call = asyncio.ensure_future(service.stub.Generate(rollout_pb2.GenerateRequest(
+        requests=[_request(1, "run"), _request(2, "run")])))
+    while not service.engine.calls:
+        await asyncio.sleep(0.01)
+    for version in (3, 4):  # retires v1 and v2 while the call still uses them
+        publish(service.shared, "run", version)
+        await service.stub.LoadAdapter(rollout_pb2.LoadAdapterRequest(run_id="run", version=version))
+    (v1,) = [ref for ref in service.engine.adapters.values() if ref.version == 1]
+    service.engine.failing_removals.add(v1.lora_int_id)
+    service.engine.hold.set()
+    reply = await call
+    assert [r.adapter_version for r in reply.results] == [1, 2]
+    assert sorted(ref.version for ref in service.engine.adapters.values()) == [1, 3, 4]  # v2 unloaded all the same

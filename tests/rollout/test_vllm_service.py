@@ -297,9 +297,9 @@ async def test_bad_inputs_are_invalid_arguments_naming_the_request_and_the_servi
     assert len(await _generate(rollout, good, good)) == 2
 
 
-async def test_sleep_and_wake_up_need_a_gpu(rollout: Rollout) -> None:
-    for call in (rollout.stub.Sleep(rollout_pb2.SleepRequest(level=1)), rollout.stub.WakeUp(rollout_pb2.WakeUpRequest())):
-        error = await _refusal(call)
-        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "sleep mode needs a GPU" in (error.details() or "")
+async def test_sleep_needs_a_gpu_and_wake_up_on_an_awake_engine_does_nothing(rollout: Rollout) -> None:
+    error = await _refusal(rollout.stub.Sleep(rollout_pb2.SleepRequest(level=1)))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "sleep mode needs a GPU" in (error.details() or "")
+    await rollout.stub.WakeUp(rollout_pb2.WakeUpRequest())  # still awake: what a restarted coordinator sends
     assert len(await _generate(rollout, _request(rollout, (0,)))) == 1
