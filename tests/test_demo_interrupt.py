@@ -60,3 +60,18 @@ def test_without_interruption_the_final_record_is_returned_unmarked(monkeypatch)
     api = ScriptedApi([("running", 9), ("succeeded", 10)])
     final = demo.watch_or_stop(api, "r1")  # type: ignore[arg-type]
     assert final["state"] == "succeeded" and "interrupted" not in final
+
+
+def test_runs_an_earlier_demo_left_active_are_stopped_before_a_new_one(monkeypatch) -> None:
+    _quiet(monkeypatch)
+    runs = [{"id": f"r-{state}", "state": state, "step": 3}
+            for state in ("pending", "running", "paused", "succeeded", "stopped", "failed")]
+
+    class Listing(ScriptedApi):
+        def request(self, method: str, path: str, **kwargs: Any) -> Any:
+            super().request(method, path)
+            return {"runs": runs} if path == "/v1/runs" else {}
+
+    api = Listing([])
+    demo.stop_left_running(api)  # type: ignore[arg-type]
+    assert api.posted == ["GET /v1/runs", "POST /v1/runs/r-pending/stop", "POST /v1/runs/r-running/stop"]

@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from mmrl.cli.run import ApiClient, load_config_dict, parse_overrides, watch
+from mmrl.cli.run import load_config_dict, parse_overrides, watch
 from mmrl.cli.stack import Stack, StackConfig
 from mmrl.cli.up import DEFAULT_MODEL, ensure_tiny_model
 
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     config = load_config_dict(args.config, overrides)
     with Stack(StackConfig(model=model.resolve(), state_dir=args.state_dir)) as stack:
         stack.start(log=not args.json)
-        api = ApiClient(stack.api_url)
+        api = stack.client()
         started = time.perf_counter()
         run = api.start(config)
         final = watch(api, run["id"], interval_s=1.0)

@@ -55,6 +55,16 @@ def watch_or_stop(api: ApiClient, run_id: str) -> dict[str, Any]:
     return {**run, "interrupted": True}
 
 
+def stop_left_running(api: ApiClient) -> None:
+    """Marks stopped the runs an earlier demo left pending or running (a second Ctrl-C leaves at
+    once): the demo's coordinator does not resume them, and the learner takes one run at a time."""
+    for run in api.request("GET", "/v1/runs")["runs"]:
+        if run["state"] in ("pending", "running"):
+            api.request("POST", f"/v1/runs/{run['id']}/stop")
+            print(f"run {run['id']} of an earlier demo was left {run['state']} at step {run['step']}: "
+                  "marked stopped", flush=True)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl demo", description=__doc__)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL,
@@ -94,10 +104,11 @@ def main(argv: list[str]) -> int:
     # The rollout engine must hold adapters of the run's LoRA rank (it sizes its slots at start).
     slot_rank = lora_slot_rank(max(run_config.lora.rank, RolloutConfig.model_fields["max_lora_rank"].default))
     stack = Stack(StackConfig(model=sft_model.resolve(), state_dir=args.state_dir,
-                              rollout_args=["--max-lora-rank", str(slot_rank)]))
+                              rollout_args=["--max-lora-rank", str(slot_rank)], resume_runs=False))
     with stack:
         stack.start()
-        api = ApiClient(stack.api_url)
+        api = stack.client()
+        stop_left_running(api)
         started = time.perf_counter()
         run = api.start(config)
         print(f"GRPO run {run['id']} started; watching (API {stack.api_url})", flush=True)
@@ -105,7 +116,9 @@ def main(argv: list[str]) -> int:
         grpo_wall_s = time.perf_counter() - started
         evals = api.request("GET", f"/v1/runs/{run['id']}/evals")["evals"]
         metrics = api.request("GET", f"/v1/runs/{run['id']}/metrics")["metrics"]
-        episodes = api.request("GET", f"/v1/runs/{run['id']}/episodes", params={"kind": "eval"})["episodes"]
+        last_eval = evals[-1]["step"] if evals else 0
+        episodes = api.request("GET", f"/v1/runs/{run['id']}/episodes",
+                               params={"kind": "eval", "step": last_eval})["episodes"]
     curve = learning_curve(evals, metrics)
     write_json(args.out / "curve.json", curve)
     if evals:
@@ -115,6 +128,14 @@ def main(argv: list[str]) -> int:
         reason = f": {final['failure_reason']}" if final.get("failure_reason") else ""
         print(f"the run ended {final['state']} at step {final['step']}{reason}; "
               f"the curve so far ({len(evals)} evals) is in {args.out}/curve.json")
+        if args.json:
+            print(json.dumps({
+                "state": final["state"], "interrupted": bool(final.get("interrupted")),
+                "failure_reason": final.get("failure_reason", ""), "run_id": run["id"], "steps": final["step"],
+                "start_solve_rate": evals[0]["greedy_solve_rate"] if evals else None,
+                "last_solve_rate": evals[-1]["greedy_solve_rate"] if evals else None,
+                "grpo_wall_s": round(grpo_wall_s, 1), "output_dir": str(args.out.resolve()),
+            }))
         return 130 if final.get("interrupted") else 1
     last_step = evals[-1]["step"]
     within = last_eval_within(curve, args.budget_min * 60)

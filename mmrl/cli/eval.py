@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,9 @@ async def evaluate(
             run_id, version, path = adapter
             await services.rollouts[0].load_adapter(run_id, version, path)
         tokenizer = load_tokenizer(str(model))
+        sampled = f", then {samples} sampled episodes each" if samples else ""
+        print(f"evaluating {len(specs)} mazes: greedy{sampled}, up to {max(int(s.max_moves) for s in specs)} "
+              "turns, all mazes at once ...", file=sys.stderr, flush=True)
         plan = EvalPlan(specs=specs, max_tokens=max_tokens, sampled_samples=samples,
                         sampled_temperature=temperature, max_turns=max(int(s.max_moves) for s in specs),
                         system_prompt=system_prompt)
@@ -93,6 +97,11 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"--model {args.model}: no config.json there")
     if args.samples < 0:
         raise SystemExit(f"--samples {args.samples}: must be 0 or more")
+    if args.adapter and args.rollout:
+        raise SystemExit("--adapter needs the rollout service started by mmrl eval (omit --rollout)")
+    if args.adapter and not all((args.adapter / name).is_file()
+                                for name in ("adapter_model.safetensors", "adapter_config.json")):
+        raise SystemExit(f"--adapter {args.adapter}: no adapter_model.safetensors + adapter_config.json there")
 
     started = time.perf_counter()
     stack = Stack(StackConfig(model=args.model.resolve(), state_dir=args.state_dir))
@@ -101,8 +110,6 @@ def main(argv: list[str]) -> int:
         if needed:
             stack.start(needed, log=not args.json)
         adapter = stage_adapter(args.adapter, stack.config.shared_root) if args.adapter else None
-        if adapter and args.rollout:
-            raise SystemExit("--adapter needs the rollout service started by mmrl eval (omit --rollout)")
         summary, _ = asyncio.run(evaluate(
             args.env or stack.address("env"), args.rollout or stack.address("rollout"), args.model,
             size=args.size, seeds=parse_seeds(args.seeds) if args.seeds else None, adapter=adapter,

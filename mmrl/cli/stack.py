@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 
 import httpx
 
+from mmrl.cli.run import ApiClient
 from services.common.grpc_server import check_health
 from services.common.procs import free_port, port_open, start_redis, stop_process
 
@@ -34,7 +35,8 @@ class StackConfig:
     ports: dict[str, int] = field(default_factory=dict)  # missing -> a free port
     redis_url: str = ""  # "" -> start a redis-server under state_dir
     learner_nproc: int = 1
-    api_token: str = ""
+    api_token: str = field(default_factory=lambda: os.environ.get("MMRL_API_TOKEN", ""))  # "" -> no auth
+    resume_runs: bool = True  # the coordinator resumes runs left running in Redis
     rollout_args: list[str] = field(default_factory=list)
     learner_model: Path | None = None  # defaults to `model`
 
@@ -54,6 +56,10 @@ class Stack:
     def api_url(self) -> str:
         return f"http://{self.config.host}:{self.ports['coordinator']}"
 
+    def client(self) -> ApiClient:
+        """A REST client of this stack's coordinator (with its token, if it has one)."""
+        return ApiClient(self.api_url, self.config.api_token)
+
     def address(self, service: str) -> str:
         return f"{self.config.host}:{self.ports[service]}"
 
@@ -66,6 +72,7 @@ class Stack:
             "MMRL_ROLLOUT_ADDRS": self.address("rollout"),
             "MMRL_LEARNER_ADDR": self.address("learner"),
             "MMRL_API_TOKEN": self.config.api_token,
+            "MMRL_RESUME_RUNS": "true" if self.config.resume_runs else "false",
             "PYTHONUNBUFFERED": "1",
         })
         return env

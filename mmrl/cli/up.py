@@ -41,8 +41,8 @@ def main(argv: list[str]) -> int:
         stack.start()
         print(f"\nMMRL is up. REST API: {stack.api_url}  (OpenAPI: {stack.api_url}/docs)")
         print(f"shared root: {config.shared_root.resolve()}   Redis: {stack.redis_url}")
-        print("start a run:  mmrl run start --config configs/maze-tiny-cpu.yaml"
-              f" --api {stack.api_url}\nCtrl-C stops everything.", flush=True)
+        print(f"start a run:  mmrl run --api {stack.api_url} start --config configs/maze-tiny-cpu.yaml"
+              "\nCtrl-C stops everything.", flush=True)
         while True:
             for name, proc in stack.procs.items():
                 if proc.poll() is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -132,6 +133,17 @@ class Services:
             if not ok:
                 raise ServiceError(client.service, client.address, "Health.Check", "NOT_SERVING",
                                    "the service is down or not ready")
+
+    async def wait_healthy(self, timeout_s: float, poll_s: float = 2.0) -> None:
+        """Waits until every service is SERVING; raises require_healthy's ServiceError after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return await self.require_healthy()
+            except ServiceError:
+                if time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(poll_s)
 
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self.all()))

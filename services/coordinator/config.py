@@ -1,7 +1,8 @@
 """Run configuration (one YAML file per run) and the coordinator's deployment settings.
 
 A run config is validated with `extra="forbid"`: a misspelt key is an error, not a silent default.
-The resolved config is stored with the run (Redis) and written next to its outputs.
+The resolved config is stored with the run (Redis; `GET /v1/runs/{id}` returns it); the learner
+writes its part to `runs/<run_id>/learner_config.json` on shared storage.
 """
 
 from __future__ import annotations
@@ -209,7 +210,8 @@ class RunConfig(_Strict):
     """Everything one GRPO run needs. See configs/*.yaml for complete examples."""
 
     name: str = Field("run", min_length=1, max_length=100, description="Human-readable run name.")
-    seed: int = Field(0, ge=0, description="Run seed; maze seeds of step s are a function of (seed, s).")
+    seed: int = Field(0, ge=0, le=2**31 - 1,
+                      description="Run seed; maze seeds of step s are a function of (seed, s).")
     model: str = Field(..., min_length=1, description="Model directory or hub id (tokenizer source).")
     env: EnvSettings = Field(default_factory=EnvSettings)  # type: ignore[arg-type]
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)  # type: ignore[arg-type]
@@ -299,6 +301,10 @@ class CoordinatorSettings(BaseSettings):
     rpc_timeout_s: float = Field(600.0, gt=0, description="Deadline of one gRPC call.")
     rpc_retries: int = Field(3, ge=0, le=20, description="Retries of an UNAVAILABLE gRPC call.")
     resume_runs: bool = Field(True, description="Resume runs left running by a previous coordinator.")
+    run_restarts: int = Field(3, ge=0, le=100, description=(
+        "Times a run resumes from its newest checkpoint after losing a service (UNAVAILABLE after the "
+        "retries, or a learner that no longer holds the run: it was restarted)."))
+    service_wait_s: float = Field(600.0, ge=0, description="How long a run waits for a lost service to come back.")
 
     def endpoints_for(self, config: RunConfig) -> Endpoints:
         return Endpoints(

@@ -70,9 +70,10 @@ def observation_key(images: list[bytes]) -> str:
 
 
 def _sampling_proto(sampling: Sampling, seed: int, stop_ids: list[int]) -> rollout_pb2.SamplingParams:
+    """The request's sampling parameters; the seed is taken modulo 2**63 to fit the int64 field."""
     return rollout_pb2.SamplingParams(
         temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
-        stop_token_ids=stop_ids, n=1, seed=seed,
+        stop_token_ids=stop_ids, n=1, seed=seed % 2**63,
     )
 
 

@@ -1,5 +1,8 @@
 """Background execution of runs: one asyncio task per active run, state transitions, failure
-reasons, and resuming runs that a previous coordinator left running."""
+reasons, and resuming runs that a previous coordinator left running.
+
+A learner holds one run at a time (ConfigureRun binds it), so at most one active run per learner
+address: a run is launched only after it has claimed its learner, and the claim ends with its task."""
 
 from __future__ import annotations
 
@@ -8,11 +11,13 @@ import logging
 from functools import lru_cache
 from typing import Any
 
+from pydantic import ValidationError
+
 from services.common.conversation import ChatTokens
 from services.coordinator.clients import CallPolicy, ServiceError, Services
 from services.coordinator.config import CoordinatorSettings, RunConfig
 from services.coordinator.runloop import ConfigRefused, RunContext, execute_run
-from services.coordinator.store import TERMINAL, RunState, RunStore
+from services.coordinator.store import TERMINAL, RunState, RunStore, new_run_id
 
 log = logging.getLogger("mmrl.coordinator.manager")
 
@@ -28,34 +33,75 @@ def load_tokenizer(model: str) -> Any:
     return AutoTokenizer.from_pretrained(model)
 
 
+async def _service_lost(exc: ServiceError, services: Services, run_id: str) -> bool:
+    """True when the failed call means a service went away or restarted, not that the run is wrong:
+    still UNAVAILABLE after the retries, or a learner that no longer holds the run."""
+    if exc.code == "UNAVAILABLE":
+        return True
+    if exc.service != "learner" or exc.code != "FAILED_PRECONDITION":
+        return False
+    try:
+        await services.learner.state(run_id)
+    except ServiceError as probe:
+        return probe.code in ("FAILED_PRECONDITION", "UNAVAILABLE")  # not configured for this run
+    return False
+
+
 class RunManager:
     def __init__(self, store: RunStore, settings: CoordinatorSettings) -> None:
         self.store = store
         self.settings = settings
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.learners: dict[str, str] = {}  # run id -> learner address, while the run holds it
 
     def is_active(self, run_id: str) -> bool:
         task = self.tasks.get(run_id)
         return task is not None and not task.done()
 
+    def claim_learner(self, run_id: str, config: RunConfig) -> None:
+        """Reserves the run's learner (no await: two requests cannot both pass); TransitionError
+        when another run holds it."""
+        learner = self.settings.endpoints_for(config).learner
+        for other, address in self.learners.items():
+            if other != run_id and address == learner:
+                raise TransitionError(
+                    f"the learner at {learner} is busy with run {other!r}; pause or stop that run first"
+                )
+        self.learners[run_id] = learner
+
     def launch(self, run_id: str) -> None:
+        """Starts the run's task; the run must have claimed its learner."""
+        assert run_id in self.learners, "claim_learner first"
         if self.is_active(run_id):
             return
         self.tasks[run_id] = asyncio.create_task(self._drive(run_id), name=f"run-{run_id}")
 
     async def _drive(self, run_id: str) -> None:
-        run = await self.store.get_run(run_id)
-        config = RunConfig.model_validate(run["config"])
-        endpoints = self.settings.endpoints_for(config)
-        policy = CallPolicy(timeout_s=self.settings.rpc_timeout_s, retries=self.settings.rpc_retries)
-        services = Services.connect(endpoints.env, endpoints.rollout, endpoints.learner, policy)
+        services: Services | None = None
         try:
+            run = await self.store.get_run(run_id)
+            config = RunConfig.model_validate(run["config"])
+            endpoints = self.settings.endpoints_for(config)
+            policy = CallPolicy(timeout_s=self.settings.rpc_timeout_s, retries=self.settings.rpc_retries)
+            services = Services.connect(endpoints.env, endpoints.rollout, endpoints.learner, policy)
             await services.require_healthy()  # before the tokenizer load, so a down service is named first
             tokenizer = await asyncio.to_thread(load_tokenizer, config.model)
             ctx = RunContext(run_id=run_id, config=config, services=services, store=self.store,
                              shared_root=self.settings.shared_root, tokenizer=tokenizer,
                              chat=ChatTokens.from_tokenizer(tokenizer))
-            state = await execute_run(ctx)
+            restarts = 0
+            while True:
+                try:
+                    state = await execute_run(ctx)
+                    break
+                except ServiceError as exc:
+                    if restarts >= self.settings.run_restarts or not await _service_lost(exc, services, run_id):
+                        raise
+                    restarts += 1
+                    log.warning("a service was lost; the run resumes from its newest checkpoint",
+                                extra={"run_id": run_id, "restart": restarts, "error": str(exc)})
+                    await self.store.add_event(run_id, "restart", {"restart": restarts, "reason": str(exc)})
+                    await services.wait_healthy(self.settings.service_wait_s)
             log.info("run ended", extra={"run_id": run_id, "state": state.value})
         except asyncio.CancelledError:
             log.info("run interrupted; it resumes when a coordinator starts again", extra={"run_id": run_id})
@@ -66,17 +112,33 @@ class RunManager:
             log.exception("run failed", extra={"run_id": run_id})
             await self._fail(run_id, f"{type(exc).__name__}: {exc}")
         finally:
-            await services.close()
+            self.learners.pop(run_id, None)
+            if services is not None:
+                await services.close()
 
     async def _fail(self, run_id: str, reason: str) -> None:
         await self.store.set_state(run_id, RunState.FAILED, reason)
         log.error("run failed", extra={"run_id": run_id, "reason": reason})
 
     # actions from the API -----------------------------------------------------------------
+    async def create(self, config: RunConfig) -> dict[str, Any]:
+        """Records a new run and launches it; TransitionError when its learner is busy."""
+        run_id = new_run_id(config.name)
+        self.claim_learner(run_id, config)
+        try:
+            run = await self.store.create_run(run_id, config.name, config.model_dump(mode="json"), config.steps)
+        except BaseException:
+            self.learners.pop(run_id, None)
+            raise
+        self.launch(run_id)
+        return run
+
     async def pause(self, run_id: str) -> None:
         run = await self.store.get_run(run_id)
         if run["state"] != RunState.RUNNING:
             raise TransitionError(f"cannot pause a run that is {run['state']}")
+        if run["desired"] == "stop":
+            raise TransitionError("the run is already stopping")
         await self.store.request(run_id, "pause")
 
     async def resume(self, run_id: str) -> None:
@@ -84,9 +146,15 @@ class RunManager:
         if run["state"] == RunState.RUNNING and run["desired"] == "pause":
             await self.store.request(run_id, "")
             return
-        if run["state"] != RunState.PAUSED:
+        if run["state"] != RunState.PAUSED or self.is_active(run_id):
             raise TransitionError(f"cannot resume a run that is {run['state']}")
+        try:
+            config = RunConfig.model_validate(run["config"])
+        except ValidationError as exc:
+            raise TransitionError(f"the run's stored config no longer validates: {exc}") from None
+        self.claim_learner(run_id, config)
         await self.store.update_run(run_id, desired="")
+        await self.store.set_state(run_id, RunState.PENDING)
         self.launch(run_id)
 
     async def stop(self, run_id: str) -> None:
@@ -99,12 +167,20 @@ class RunManager:
             await self.store.set_state(run_id, RunState.STOPPED)
 
     async def resume_left_running(self) -> list[str]:
-        """Relaunches runs a previous coordinator left pending or running."""
+        """Relaunches runs a previous coordinator left pending or running, newest first; one whose
+        learner another of them holds is paused instead (resume it when that run has ended)."""
         resumed = []
-        for run in await self.store.list_runs():
-            if run["state"] in (RunState.PENDING, RunState.RUNNING) and not self.is_active(run["id"]):
-                self.launch(run["id"])
-                resumed.append(run["id"])
+        for run in reversed(await self.store.list_runs()):
+            if run["state"] not in (RunState.PENDING, RunState.RUNNING) or self.is_active(run["id"]):
+                continue
+            try:
+                self.claim_learner(run["id"], RunConfig.model_validate(run["config"]))
+            except (TransitionError, ValidationError) as exc:
+                await self.store.set_state(run["id"], RunState.PAUSED, f"not resumed: {exc}")
+                log.warning("run left paused", extra={"run_id": run["id"], "reason": str(exc)})
+                continue
+            self.launch(run["id"])
+            resumed.append(run["id"])
         if resumed:
             log.info("resuming runs", extra={"run_ids": resumed})
         return resumed

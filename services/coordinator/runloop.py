@@ -15,6 +15,7 @@ A replayed step after a restart is sampled by the restored version, so it is on-
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -160,6 +161,8 @@ async def execute_run(ctx: RunContext) -> RunState:
         if not info.sleep_supported:
             raise ConfigRefused("colocated mode needs vLLM sleep mode, which needs a GPU; "
                                 "this rollout backend does not support it (set colocated: false)")
+        # A coordinator that stopped during a training step may have left the engines asleep.
+        await _all_rollouts(ctx, "WakeUp", rollout_pb2.WakeUpRequest())
     eval_set = await svc.env.call("GetEvalSet", svc.env.stub.GetEvalSet,
                                   env_pb2.GetEvalSetRequest(name=cfg.eval.eval_set))
     eval_seeds = {spec.seed for spec in eval_set.specs}
@@ -168,9 +171,7 @@ async def execute_run(ctx: RunContext) -> RunState:
         run_id=run_id, config_json=json.dumps(cfg.learner_config())))
     run = await store.get_run(run_id)
     if run["checkpoint_step"] < 0:
-        await learner.call("SaveCheckpoint", learner.stub.SaveCheckpoint,
-                           learner_pb2.SaveCheckpointRequest(run_id=run_id))
-        await store.update_run(run_id, checkpoint_step=0)
+        await save_checkpoint(ctx, 0)
         start_step = 0
     else:
         state = await learner.call("LoadCheckpoint", learner.stub.LoadCheckpoint,
@@ -193,12 +194,15 @@ async def execute_run(ctx: RunContext) -> RunState:
 
     sampling = Sampling(cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.max_tokens)
     pending: asyncio.Task[SampledStep] | None = None  # the next step's episodes, sampled during training
+    checkpoint_step = start_step  # the learner's newest checkpoint
     try:
         for step in range(start_step + 1, cfg.steps + 1):
             # Pause / stop requests take effect at step boundaries.
             desired = await store.desired(run_id)
             if desired in ("pause", "stop"):
                 state = RunState.PAUSED if desired == "pause" else RunState.STOPPED
+                if state == RunState.PAUSED and checkpoint_step < step - 1:  # resume replays nothing
+                    checkpoint_step = await save_checkpoint(ctx, step - 1)
                 await store.set_state(run_id, state)
                 return state
             step_started = time.perf_counter()
@@ -236,10 +240,16 @@ async def execute_run(ctx: RunContext) -> RunState:
                     t.to_proto() for t in interleave(trajectories, relabelled)])))
             if cfg.grpo.async_rollout and step < cfg.steps:  # (never colocated: the config refuses both)
                 pending = asyncio.create_task(sample_step(ctx, step + 1, adapter_version, sampling, eval_seeds))
-            train = await training
-            timers.add("train", started)
+            try:
+                train = await training
+            except BaseException:
+                if cfg.colocated:  # the engines go on serving (other runs, evals): wake them, keep the error
+                    with contextlib.suppress(Exception):
+                        await _all_rollouts(ctx, "WakeUp", rollout_pb2.WakeUpRequest())
+                raise
             if cfg.colocated:
                 await _all_rollouts(ctx, "WakeUp", rollout_pb2.WakeUpRequest())
+            timers.add("train", started)
             sampled_with = sampled.adapter_version
             if pending is not None:
                 await asyncio.wait([pending])  # replicas load the new version between two steps' sampling
@@ -279,9 +289,7 @@ async def execute_run(ctx: RunContext) -> RunState:
             if step % cfg.eval.interval == 0 or step == cfg.steps:
                 await evaluate(ctx, plan, step=step, adapter_version=adapter_version, timers=Timers())
             if step % cfg.checkpoint_interval == 0 or step == cfg.steps:
-                await learner.call("SaveCheckpoint", learner.stub.SaveCheckpoint,
-                                   learner_pb2.SaveCheckpointRequest(run_id=run_id))
-                await store.update_run(run_id, checkpoint_step=step)
+                checkpoint_step = await save_checkpoint(ctx, step)
     finally:
         if pending is not None:  # a failure or a pause: the next step is sampled again on resume
             pending.cancel()
@@ -388,6 +396,14 @@ async def evaluate(ctx: RunContext, plan: EvalPlan, *, step: int, adapter_versio
     }
     await ctx.store.record_eval(ctx.run_id, step, summary, records)
     log.info("eval", extra={"run_id": ctx.run_id, **summary})
+
+
+async def save_checkpoint(ctx: RunContext, step: int) -> int:
+    """The learner's checkpoint of GRPO step `step` (its current state), recorded with the run."""
+    await ctx.services.learner.call("SaveCheckpoint", ctx.services.learner.stub.SaveCheckpoint,
+                                    learner_pb2.SaveCheckpointRequest(run_id=ctx.run_id))
+    await ctx.store.update_run(ctx.run_id, checkpoint_step=step)
+    return step
 
 
 async def _all_rollouts(ctx: RunContext, method: str, request: Any) -> None:

@@ -42,7 +42,10 @@ class RunNotFound(KeyError):
 
 
 def new_run_id(name: str) -> str:
-    slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in name.lower())[:40].strip("-") or "run"
+    """`<slug of name>-<time>-<hex>`: ASCII letters, digits, '-' and '_', starting with a letter or
+    digit (a valid run id on shared storage for any name)."""
+    slug = "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else "-" for c in name.lower())
+    slug = slug[:40].strip("-_") or "run"
     return f"{slug}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,7 @@ from fastapi.testclient import TestClient
 from services.common.procs import free_port
 from services.coordinator.api.app import create_app
 from services.coordinator.config import CoordinatorSettings
+from services.coordinator.runloop import RunContext
 
 TOKEN = "s3cret-token"
 
@@ -110,3 +113,75 @@ def test_readiness_fails_without_redis(tmp_path: Path) -> None:
         reply = test_client.get("/readyz")
     assert reply.status_code == 503
     assert reply.json()["checks"] == {"redis": False}
+
+
+@pytest.fixture
+def held_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Runs whose services answer and whose loop waits until the event is set, then succeeds."""
+    from services.coordinator import manager as manager_module
+    from services.coordinator.clients import Services
+    from services.coordinator.store import RunState
+
+    release = threading.Event()
+
+    async def healthy(self: Services) -> None:
+        return None
+
+    async def held(ctx: RunContext) -> RunState:
+        await ctx.store.set_state(ctx.run_id, RunState.RUNNING)
+        while not release.is_set():
+            await asyncio.sleep(0.02)
+        await ctx.store.set_state(ctx.run_id, RunState.SUCCEEDED)
+        return RunState.SUCCEEDED
+
+    monkeypatch.setattr(Services, "require_healthy", healthy)
+    monkeypatch.setattr(manager_module, "execute_run", held)
+    yield release
+    release.set()
+
+
+def test_a_learner_takes_one_run_at_a_time(client: TestClient, tiny_model_dir: Path,
+                                          held_runs: threading.Event) -> None:
+    first = client.post("/v1/runs", json={"config": _config(str(tiny_model_dir))}).json()["id"]
+    _wait_for_state(client, first, {"running"})
+    reply = client.post("/v1/runs", json={"config": _config(str(tiny_model_dir))})
+    assert reply.status_code == 409 and f"busy with run '{first}'" in reply.json()["detail"]
+    assert [r["id"] for r in client.get("/v1/runs").json()["runs"]] == [first]  # nothing recorded
+
+    # Another learner is free.
+    elsewhere = _config(str(tiny_model_dir), endpoints={"learner": f"127.0.0.1:{free_port()}"})
+    assert client.post("/v1/runs", json={"config": elsewhere}).status_code == 201
+
+    held_runs.set()
+    _wait_for_state(client, first, {"succeeded"})
+    assert client.post("/v1/runs", json={"config": _config(str(tiny_model_dir))}).status_code == 201
+
+
+def test_runs_left_running_on_one_learner_resume_newest_first_and_the_others_wait_paused(
+    redis_url: str, tmp_path: Path, tiny_model_dir: Path, held_runs: threading.Event
+) -> None:
+    from services.coordinator.store import RunStore
+
+    async def leave_running() -> list[str]:
+        store = RunStore.from_url(f"{redis_url}/2")
+        await store.r.flushdb()
+        ids = []
+        for name in ("older", "newer"):
+            run = await store.create_run(f"{name}-run", name, _config(str(tiny_model_dir)), 2)
+            await store.update_run(run["id"], state="running")
+            ids.append(run["id"])
+            await asyncio.sleep(0.01)  # distinct creation times
+        await store.close()
+        return ids
+
+    older, newer = asyncio.run(leave_running())
+    settings = _settings(redis_url, tmp_path).model_copy(update={"resume_runs": True})
+    with TestClient(create_app(settings)) as resumed:
+        _wait_for_state(resumed, newer, {"running"})
+        run = _wait_for_state(resumed, older, {"paused"})
+        assert run["failure_reason"].startswith(f"not resumed: the learner at {settings.learner_addr} is busy")
+        assert resumed.post(f"/v1/runs/{older}/resume").status_code == 409
+        held_runs.set()
+        _wait_for_state(resumed, newer, {"succeeded"})
+        assert resumed.post(f"/v1/runs/{older}/resume").json()["state"] == "pending"
+        _wait_for_state(resumed, older, {"succeeded"})

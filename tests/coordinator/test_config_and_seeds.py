@@ -81,8 +81,20 @@ def test_training_seeds_never_touch_the_eval_sets() -> None:
     eval_seeds = {spec.seed for name in RECIPES for spec in get_eval_set(name).specs}
     assert TRAIN_SEED_LIMIT <= min(eval_seeds)
     for step in range(0, 300):
-        for seed in step_seeds(0, step, step % 3, 16, eval_seeds):
-            assert seed not in eval_seeds and not is_eval_seed(seed)
+        for run_seed in (0, 2**31 - 1):  # drawn without excluding anything: disjoint by construction
+            for seed in step_seeds(run_seed, step, step % 3, 16, set()):
+                assert seed not in eval_seeds and not is_eval_seed(seed)
+
+
+def test_sampling_seeds_past_int64_fit_the_rollout_request_and_run_seeds_are_bounded() -> None:
+    from services.coordinator.episodes import Sampling, _sampling_proto
+
+    # Seeds derived from a large run seed (run seed x 100,003 x 1,000,003 + ...) pass 2**63.
+    assert _sampling_proto(Sampling(1.0, 1.0, 4), 2**70 + 5, []).seed == (2**70 + 5) % 2**63
+    assert _sampling_proto(Sampling(1.0, 1.0, 4), 12345, []).seed == 12345
+    assert RunConfig(model="m", seed=2**31 - 1).seed == 2**31 - 1
+    with pytest.raises(ValidationError):
+        RunConfig(model="m", seed=2**31)
 
 
 def test_training_mazes_keep_the_default_start_without_random_start() -> None:
@@ -116,3 +128,12 @@ def test_random_start_is_validated() -> None:
         EnvSettings(random_start=1.5)
     with pytest.raises(ValidationError, match="row,col"):
         EnvSettings(random_start=0.5, options={"goal": "3;3"})
+
+
+@pytest.mark.parametrize("name", ["café-run", "实验", "___x", "A b/c", "-"])
+def test_run_ids_made_from_any_name_are_valid_on_shared_storage(name: str) -> None:
+    from services.common.storage import validate_run_id
+    from services.coordinator.store import new_run_id
+
+    run_id = new_run_id(name)
+    assert validate_run_id(run_id) == run_id

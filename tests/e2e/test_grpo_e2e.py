@@ -7,6 +7,7 @@ mid-run and restarted: it finishes with each step recorded exactly once.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,7 +63,7 @@ async def _loaded_adapters(address: str) -> list[Any]:
 
 
 def test_a_short_grpo_run_publishes_loads_and_records_everything(stack: Stack, tiny_model_dir: Path) -> None:
-    api = ApiClient(stack.api_url)
+    api = stack.client()
     run_id = api.start(_config(tiny_model_dir, steps=3, checkpoint_interval=2))["id"]
     run = _wait(api, run_id, lambda r: r["state"] == "succeeded")
     assert run["step"] == 3
@@ -102,7 +103,7 @@ def test_a_short_grpo_run_publishes_loads_and_records_everything(stack: Stack, t
 
 
 def test_async_rollout_samples_the_next_step_with_the_version_before(stack: Stack, tiny_model_dir: Path) -> None:
-    api = ApiClient(stack.api_url)
+    api = stack.client()
     run_id = api.start(_config(tiny_model_dir, steps=4, **{
         "grpo.async_rollout": True, "grpo.tis_cap": 2.0, "grpo.old_logprobs": "learner",
         "grpo.hindsight_advantage": 1.0, "grpo.hindsight_max_episodes": 2}))["id"]
@@ -126,12 +127,12 @@ def test_async_rollout_samples_the_next_step_with_the_version_before(stack: Stac
 
 
 def test_a_coordinator_killed_mid_run_resumes_and_counts_each_step_once(stack: Stack, tiny_model_dir: Path) -> None:
-    api = ApiClient(stack.api_url)
+    api = stack.client()
     run_id = api.start(_config(tiny_model_dir, steps=5, checkpoint_interval=2))["id"]
     _wait(api, run_id, lambda r: r["step"] >= 3)
     stack.kill("coordinator")
     stack.start(("coordinator",), log=False)
-    api = ApiClient(stack.api_url)
+    api = stack.client()
     run = _wait(api, run_id, lambda r: r["state"] == "succeeded")
     assert run["step"] == 5
     metrics = api.request("GET", f"/v1/runs/{run_id}/metrics")["metrics"]
@@ -140,3 +141,43 @@ def test_a_coordinator_killed_mid_run_resumes_and_counts_each_step_once(stack: S
     assert sorted(e["step"] for e in train) == sorted([s for s in range(1, 6) for _ in range(4)])
     evals = api.request("GET", f"/v1/runs/{run_id}/evals")["evals"]
     assert [e["step"] for e in evals] == [0, 5]
+
+
+def test_a_paused_run_checkpoints_where_it_paused_and_resumes_there(stack: Stack, tiny_model_dir: Path) -> None:
+    api = stack.client()
+    run_id = api.start(_config(tiny_model_dir, steps=4, checkpoint_interval=10))["id"]
+    _wait(api, run_id, lambda r: r["step"] >= 1)
+    api.request("POST", f"/v1/runs/{run_id}/pause")
+    paused = _wait(api, run_id, lambda r: r["state"] == "paused")
+    assert paused["checkpoint_step"] == paused["step"] >= 1  # between interval checkpoints
+    assert api.request("POST", f"/v1/runs/{run_id}/resume")["state"] == "pending"
+    run = _wait(api, run_id, lambda r: r["state"] == "succeeded")
+    assert run["step"] == 4
+    steps = [data["step"] for kind, data in _events(stack, run_id) if kind == "step"]
+    assert steps == [1, 2, 3, 4]  # each step played once: nothing replayed after the resume
+
+
+def _events(stack: Stack, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+    text = stack.client().http.get(f"/v1/runs/{run_id}/events", params={"follow": False}).text
+    events = []
+    for block in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "event" in fields:
+            events.append((fields["event"], json.loads(fields["data"])))
+    return events
+
+
+def test_a_learner_killed_mid_run_comes_back_and_the_run_resumes_from_its_checkpoint(
+    stack: Stack, tiny_model_dir: Path
+) -> None:
+    api = stack.client()
+    run_id = api.start(_config(tiny_model_dir, steps=8, checkpoint_interval=2))["id"]
+    _wait(api, run_id, lambda r: r["step"] >= 2)
+    stack.kill("learner")
+    stack.start(("learner",), log=False)  # same port; it holds no run until the coordinator configures it
+    run = _wait(api, run_id, lambda r: r["state"] == "succeeded")
+    assert run["step"] == 8
+    metrics = api.request("GET", f"/v1/runs/{run_id}/metrics")["metrics"]
+    assert [m["step"] for m in metrics] == list(range(1, 9))
+    restarts = [data for kind, data in _events(stack, run_id) if kind == "restart"]
+    assert len(restarts) == 1 and "learner service" in restarts[0]["reason"]

@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 from services.coordinator.api.deps import ManagerDep, RunDep, StoreDep
 from services.coordinator.api.models import EpisodeList, EvalList, MetricsList, Run, RunCreate, RunList
 from services.coordinator.manager import TransitionError
-from services.coordinator.store import TERMINAL, new_run_id
+from services.coordinator.store import TERMINAL
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 
@@ -26,10 +26,10 @@ async def _with_latest(store: StoreDep, run: dict) -> Run:  # type: ignore[type-
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=Run)
 async def create_run(body: RunCreate, store: StoreDep, manager: ManagerDep) -> Run:
-    config = body.config
-    run_id = new_run_id(config.name)
-    run = await store.create_run(run_id, config.name, config.model_dump(mode="json"), config.steps)
-    manager.launch(run_id)
+    try:
+        run = await manager.create(body.config)
+    except TransitionError as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     return await _with_latest(store, run)
 
 
