@@ -158,8 +158,9 @@ CheckpointTensors = tuple[dict[str, torch.Tensor], dict[str, Any], list[dict[str
 def read_checkpoint_tensors(directory: Path, expected_shapes: dict[str, torch.Size]) -> CheckpointTensors:
     """(adapter weights, optimizer state, per-rank RNG states) of a verified checkpoint.
 
-    Raises ValueError when the adapter does not fit the model or the optimizer state does not
-    cover exactly its parameters."""
+    Raises ValueError when the adapter does not fit the model or the optimizer state names a
+    parameter the model does not train (a parameter without state, e.g. before the first step,
+    starts with fresh AdamW moments)."""
     adapter_state = read_adapter(directory, expected_shapes)
     optim_state = torch.load(directory / OPTIMIZER, weights_only=True)
     if optim_state and set(optim_state.get("state", {})) - set(expected_shapes):

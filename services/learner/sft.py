@@ -309,11 +309,21 @@ class _Fitter:
 
 
 def _save(model: Any, processor: Any, out: Path, report: dict[str, Any]) -> None:
-    """Writes a complete HF model directory (weights, tokenizer, processor, report) atomically."""
-    tmp = out.parent / f".tmp-{out.name}"
+    """Writes a complete HF model directory (weights, tokenizer, processor, report) into a temporary
+    sibling, then swaps it in: `out` is never a partly written model, and a previous model there is
+    deleted only once the new one is in place (put back if the swap fails)."""
+    tmp, old = out.parent / f".tmp-{out.name}", out.parent / f".old-{out.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     processor.save_pretrained(tmp)
     (tmp / "sft_report.json").write_text(json.dumps(report, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        out.rename(old)
+    try:
+        tmp.rename(out)
+    except BaseException:
+        if old.exists():
+            old.rename(out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -17,10 +17,11 @@ from services.common.conversation import ChatTokens, TokenConversation
 from services.common.grpc_server import channel
 from services.common.trajectory import Trajectory
 from services.learner.synthetic import fake_generator, maze_frame, play_episodes, with_advantages
+from services.rollout.config import RolloutConfig
+from services.rollout.engine_vllm import VllmEngine
+from services.rollout.service import RolloutServer
 
-rollout_service = pytest.importorskip("services.rollout.service")
-rollout_config = pytest.importorskip("services.rollout.config")
-rollout_vllm = pytest.importorskip("services.rollout.engine_vllm")
+pytest.importorskip("vllm")  # only vLLM may be missing: the project's own modules import above
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 TOLERANCE = 1e-4
@@ -31,7 +32,7 @@ async def rollout(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[tuple[Any, Path]]:
     shared = tmp_path_factory.mktemp("shared")
-    config = rollout_config.RolloutConfig(
+    config = RolloutConfig(
         model=str(tiny_model_dir),
         max_model_len=2048,
         limit_images_per_prompt=4,
@@ -39,10 +40,10 @@ async def rollout(
         adapter_retention=2,
         max_loras=2,
     )
-    server = await rollout_service.RolloutServer.start(
+    server = await RolloutServer.start(
         config, "127.0.0.1:0", shared_root=shared, cache_dir=tmp_path_factory.mktemp("adapter-cache")
     )
-    await server.start_engine(rollout_vllm.VllmEngine.start)
+    await server.start_engine(VllmEngine.start)
     async with channel(f"127.0.0.1:{server.port}") as ch:
         yield rollout_pb2_grpc.RolloutServiceStub(ch), shared
     await server.close()

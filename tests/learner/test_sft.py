@@ -149,3 +149,41 @@ def test_frame_reading_runs_before_the_expert_updates_and_counts_in_the_fingerpr
     reading = [h["loss"] for h in report["reading_loss_history"]]
     assert report["reading_updates"] == 10 and len(reading) == 10 and len(report["loss_history"]) == 2
     assert reading[-1] < 0.5 * reading[0]
+
+
+def test_saving_over_a_model_swaps_it_in_and_a_failed_save_keeps_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.learner.sft import _save
+
+    class Saves:
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+        def save_pretrained(self, directory: Path, **kwargs: object) -> None:
+            if self.text == "broken":
+                raise OSError("disk full")
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            (Path(directory) / "weights").write_text(self.text)
+
+    out = tmp_path / "sft"
+    _save(Saves("first"), Saves("first"), out, {"updates": 1})
+    _save(Saves("second"), Saves("second"), out, {"updates": 2})
+    assert (out / "weights").read_text() == "second"
+    with pytest.raises(OSError):
+        _save(Saves("broken"), Saves("broken"), out, {"updates": 3})
+    assert (out / "weights").read_text() == "second"
+
+    # The swap itself fails (the new model cannot be renamed into place): the old one is put back.
+    rename = Path.rename
+
+    def refuse_the_new_model(self: Path, target: Path) -> Path:
+        if self.name == ".tmp-sft":
+            raise OSError("rename refused")
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", refuse_the_new_model)
+    with pytest.raises(OSError, match="rename refused"):
+        _save(Saves("third"), Saves("third"), out, {"updates": 4})
+    assert (out / "weights").read_text() == "second"
+    assert not (tmp_path / ".old-sft").exists()
