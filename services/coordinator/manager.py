@@ -84,7 +84,12 @@ class RunManager:
             endpoints = self.settings.endpoints_for(config)
             policy = CallPolicy(timeout_s=self.settings.rpc_timeout_s, retries=self.settings.rpc_retries)
             services = Services.connect(endpoints.env, endpoints.rollout, endpoints.learner, policy)
-            await services.require_healthy()  # before the tokenizer load, so a down service is named first
+            # Before the tokenizer load, so a down service is named first. A new run fails at once; one
+            # that has started before (resumed by a restarted coordinator) waits for its services.
+            if run["checkpoint_step"] < 0:
+                await services.require_healthy()
+            else:
+                await services.wait_healthy(self.settings.service_wait_s)
             tokenizer = await asyncio.to_thread(load_tokenizer, config.model)
             ctx = RunContext(run_id=run_id, config=config, services=services, store=self.store,
                              shared_root=self.settings.shared_root, tokenizer=tokenizer,
@@ -153,15 +158,19 @@ class RunManager:
         except ValidationError as exc:
             raise TransitionError(f"the run's stored config no longer validates: {exc}") from None
         self.claim_learner(run_id, config)
-        await self.store.update_run(run_id, desired="")
-        await self.store.set_state(run_id, RunState.PENDING)
+        try:
+            await self.store.update_run(run_id, desired="")
+            await self.store.set_state(run_id, RunState.PENDING)
+        except BaseException:
+            self.learners.pop(run_id, None)
+            raise
         self.launch(run_id)
 
     async def stop(self, run_id: str) -> None:
         run = await self.store.get_run(run_id)
         if run["state"] in TERMINAL:
             raise TransitionError(f"cannot stop a run that is {run['state']}")
-        if self.is_active(run_id):
+        if self.is_active(run_id) or run_id in self.learners:  # running, or about to be launched
             await self.store.request(run_id, "stop")
         else:
             await self.store.set_state(run_id, RunState.STOPPED)

@@ -42,7 +42,7 @@ from services.coordinator.advantages import (
     returns_to_go,
     step_advantages,
 )
-from services.coordinator.clients import Services
+from services.coordinator.clients import ServiceError, Services
 from services.coordinator.config import EnvSettings, RunConfig
 from services.coordinator.episodes import EpisodeResult, Sampling, Timers, play_episodes
 from services.coordinator.evaluation import EvalPlan, episode_record, run_eval
@@ -161,8 +161,6 @@ async def execute_run(ctx: RunContext) -> RunState:
         if not info.sleep_supported:
             raise ConfigRefused("colocated mode needs vLLM sleep mode, which needs a GPU; "
                                 "this rollout backend does not support it (set colocated: false)")
-        # A coordinator that stopped during a training step may have left the engines asleep.
-        await _all_rollouts(ctx, "WakeUp", rollout_pb2.WakeUpRequest())
     eval_set = await svc.env.call("GetEvalSet", svc.env.stub.GetEvalSet,
                                   env_pb2.GetEvalSetRequest(name=cfg.eval.eval_set))
     eval_seeds = {spec.seed for spec in eval_set.specs}
@@ -177,6 +175,9 @@ async def execute_run(ctx: RunContext) -> RunState:
         state = await learner.call("LoadCheckpoint", learner.stub.LoadCheckpoint,
                                    learner_pb2.LoadCheckpointRequest(run_id=run_id))
         start_step = int(state.train_steps)  # GRPO steps; `state.step` counts optimiser steps
+    if cfg.colocated:  # a coordinator that stopped during a training step may have left them asleep;
+        # the learner answered ConfigureRun and LoadCheckpoint after any step still running there.
+        await _all_rollouts(ctx, "WakeUp", rollout_pb2.WakeUpRequest())
     await store.truncate_after(run_id, start_step)
     adapter_version = 0 if start_step == 0 else await publish_and_load(ctx, Timers())
     await store.update_run(run_id, step=start_step, adapter_version=adapter_version)
@@ -199,10 +200,11 @@ async def execute_run(ctx: RunContext) -> RunState:
         for step in range(start_step + 1, cfg.steps + 1):
             # Pause / stop requests take effect at step boundaries.
             desired = await store.desired(run_id)
+            if desired == "pause" and checkpoint_step < step - 1:  # so that a resume replays nothing
+                checkpoint_step = await save_checkpoint(ctx, step - 1)
+                desired = await store.desired(run_id)  # a resume or a stop may have come meanwhile
             if desired in ("pause", "stop"):
                 state = RunState.PAUSED if desired == "pause" else RunState.STOPPED
-                if state == RunState.PAUSED and checkpoint_step < step - 1:  # resume replays nothing
-                    checkpoint_step = await save_checkpoint(ctx, step - 1)
                 await store.set_state(run_id, state)
                 return state
             step_started = time.perf_counter()
@@ -242,8 +244,10 @@ async def execute_run(ctx: RunContext) -> RunState:
                 pending = asyncio.create_task(sample_step(ctx, step + 1, adapter_version, sampling, eval_seeds))
             try:
                 train = await training
-            except BaseException:
-                if cfg.colocated:  # the engines go on serving (other runs, evals): wake them, keep the error
+            except ServiceError as exc:
+                # The learner refused the step (it is not training): wake the engines, keep the error.
+                # Otherwise it may still be training; the run's next start wakes them after it.
+                if cfg.colocated and exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"):
                     with contextlib.suppress(Exception):
                         await _all_rollouts(ctx, "WakeUp", rollout_pb2.WakeUpRequest())
                 raise

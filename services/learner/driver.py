@@ -175,15 +175,15 @@ class LearnerDriver:
         step = self.engine.state().step
         existing = storage.checkpoint_dir(self.shared_root, run_id, step)
         if existing.exists():
-            if existing != self._state_checkpoint:
-                raise StateError(
-                    f"{existing} holds another state of step {step}: the run was restored from an older "
-                    "checkpoint and trained again; move that checkpoint (and later ones) away to save this one"
-                )
             try:
                 storage.verify_manifest(existing)
             except storage.ManifestError as exc:
                 raise StateError(f"checkpoint {existing} is incomplete or altered: {exc}") from exc
+            if self._state_checkpoint is None or existing.resolve() != self._state_checkpoint.resolve():
+                raise StateError(
+                    f"{existing} holds another state of step {step}: the run was restored from an older "
+                    "checkpoint and trained again; move that checkpoint (and later ones) away to save this one"
+                )
             return step, existing, 0.0
         self._send(Command("save"))
         saved = self.engine.save_checkpoint()
@@ -237,6 +237,7 @@ class LearnerDriver:
                 self.engine.reset()
             raise StateError(f"cannot restore {directory}: {exc}") from exc
         self._send(Command("load", path=str(directory)))
+        self._state_checkpoint = None
         state = self.engine.load_checkpoint(directory, loaded)
         self._state_checkpoint = directory
         log.info("restored checkpoint", extra={"path": str(directory), "step": state.step})

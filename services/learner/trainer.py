@@ -22,7 +22,8 @@ importance-sampling weights.
 The `logprob_abs_diff_vs_rollout` check compares the learner's log-probs from before the first
 update with the rollout engine's: over the whole first pass when the learner computes its own old
 log-probs, and over the first mini-batch (the only one it sees before an update) with
-`old_logprobs: rollout`.
+`old_logprobs: rollout`. With LoRA dropout on, the first mini-batch's log-probs come from its
+training forward and the check carries the dropout's noise: read it with dropout 0.
 """
 
 from __future__ import annotations
