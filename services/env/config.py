@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.config_files import read_config_file
@@ -85,8 +85,10 @@ class ServerSettings(BaseSettings):
     """Address to listen on (MMRL_ENV_HOST)."""
     port: int = Field(default=50051, ge=0, le=65535)
     """Port to listen on; 0 picks a free one (MMRL_ENV_PORT)."""
-    log_level: str = "INFO"
-    """Logging level (MMRL_ENV_LOG_LEVEL)."""
+    log_level: str = Field(
+        default="INFO", validation_alias=AliasChoices("MMRL_ENV_LOG_LEVEL", "MMRL_LOG_LEVEL", "log_level")
+    )
+    """Logging level (MMRL_ENV_LOG_LEVEL, else MMRL_LOG_LEVEL, which every service reads)."""
     config_file: Path | None = None
     """YAML or TOML file with EnvConfig fields (MMRL_ENV_CONFIG_FILE); unset: defaults."""
 

@@ -133,5 +133,7 @@ class LearnerSettings(BaseSettings):
     num_threads: int | None = Field(default=None, ge=1, le=1024)
     """CPU threads per rank for torch (MMRL_LEARNER_NUM_THREADS); None keeps torch's default
     (torchrun sets OMP_NUM_THREADS=1 per rank). On a shared CPU one thread avoids oversubscription."""
-    log_level: str = "INFO"
-    """Logging level (MMRL_LEARNER_LOG_LEVEL)."""
+    log_level: str = Field(
+        default="INFO", validation_alias=AliasChoices("MMRL_LEARNER_LOG_LEVEL", "MMRL_LOG_LEVEL", "log_level")
+    )
+    """Logging level (MMRL_LEARNER_LOG_LEVEL, else MMRL_LOG_LEVEL, which every service reads)."""

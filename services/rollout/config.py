@@ -105,8 +105,10 @@ class ServerSettings(BaseSettings):
     """Address to listen on (MMRL_ROLLOUT_HOST)."""
     port: int = Field(default=50052, ge=0, le=65535)
     """Port to listen on; 0 picks a free one (MMRL_ROLLOUT_PORT)."""
-    log_level: str = "INFO"
-    """Logging level (MMRL_ROLLOUT_LOG_LEVEL)."""
+    log_level: str = Field(
+        default="INFO", validation_alias=AliasChoices("MMRL_ROLLOUT_LOG_LEVEL", "MMRL_LOG_LEVEL", "log_level")
+    )
+    """Logging level (MMRL_ROLLOUT_LOG_LEVEL, else MMRL_LOG_LEVEL, which every service reads)."""
     config_file: Path | None = None
     """YAML or TOML file with RolloutConfig fields (MMRL_ROLLOUT_CONFIG_FILE)."""
     model: str | None = None

@@ -221,3 +221,36 @@ def test_a_run_resumed_by_a_restarted_coordinator_waits_for_its_services(
         run = _wait_for_state(resumed, run_id, {"failed"})
     assert time.monotonic() - started >= 2.0  # a new run fails at once (test above); this one waited
     assert "env service at 127.0.0.1:" in run["failure_reason"]
+
+
+def test_runs_left_running_resume_when_redis_comes_up_after_the_coordinator(
+    tmp_path: Path, tiny_model_dir: Path, held_runs: threading.Event
+) -> None:
+    from services.common.procs import start_redis, stop_process
+    from services.coordinator.store import RunStore
+
+    port, data = free_port(), tmp_path / "redis"
+    url = f"redis://127.0.0.1:{port}/0"
+
+    async def leave_running() -> str:
+        store = RunStore.from_url(url)
+        run = await store.create_run("left-run", "left", _config(str(tiny_model_dir)), 2)
+        await store.update_run(run["id"], state="running")
+        await store.close()
+        return str(run["id"])
+
+    redis_proc = start_redis(port, data)
+    run_id = asyncio.run(leave_running())
+    stop_process(redis_proc)  # the run is on disk; Redis is down when the coordinator starts
+
+    settings = _settings(f"redis://127.0.0.1:{port}", tmp_path).model_copy(
+        update={"redis_url": url, "resume_runs": True})
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/readyz").status_code == 503
+        redis_proc = start_redis(port, data)
+        try:
+            _wait_for_state(client, run_id, {"running"})
+            held_runs.set()
+            _wait_for_state(client, run_id, {"succeeded"})
+        finally:
+            stop_process(redis_proc)

@@ -71,6 +71,34 @@ def test_every_long_running_container_has_readiness_and_liveness_probes(
     for obj in workloads(manifests[overlay]):  # all long-running: no Jobs (see the first test)
         for c in containers(obj, init=False):
             assert "readinessProbe" in c and "livenessProbe" in c, f"{obj['metadata']['name']}/{c['name']}"
+            ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+            for kind in ("readinessProbe", "livenessProbe"):
+                assert _probe_target(c[kind], ports) in PROBE_TARGETS[c["name"]][kind], (c["name"], kind)
+
+
+# What each container's probes must reach: the service's own health endpoint on its own port.
+PROBE_TARGETS = {
+    "env": {"readinessProbe": {"grpc:50051"}, "livenessProbe": {"grpc:50051"}},
+    "rollout": {"readinessProbe": {"grpc:50052"}, "livenessProbe": {"grpc:50052"}},
+    "coordinator": {"readinessProbe": {"http:8000/readyz"}, "livenessProbe": {"http:8000/healthz"}},
+    "learner": {  # rank 0 serves gRPC health; the other ranks' pods report on rank 0
+        "readinessProbe": {"exec:healthcheck localhost:50053"}, "livenessProbe": {"exec:healthcheck localhost:50053"},
+    },
+    "redis": {"readinessProbe": {"exec:redis-cli ping"}, "livenessProbe": {"exec:redis-cli ping"}},
+}
+
+
+def _probe_target(probe: dict[str, Any], ports: dict[str | None, int]) -> str:
+    if "grpc" in probe:
+        return f"grpc:{probe['grpc']['port']}"
+    if "httpGet" in probe:
+        port = probe["httpGet"]["port"]
+        return f"http:{ports.get(port, port)}{probe['httpGet']['path']}"
+    command = " ".join(probe["exec"]["command"])
+    for target in ("healthcheck localhost:50053", "redis-cli ping"):
+        if target in command:
+            return f"exec:{target}"
+    return f"exec:{command}"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -13,9 +16,12 @@ from services.coordinator.config import CoordinatorSettings
 from services.coordinator.manager import RunManager
 from services.coordinator.store import RunStore
 
+log = logging.getLogger("mmrl.coordinator")
+
 
 def create_app(settings: CoordinatorSettings | None = None, store: RunStore | None = None) -> FastAPI:
-    """Builds the app. Runs left running by a previous coordinator resume on startup."""
+    """Builds the app. Runs left running by a previous coordinator resume on startup, as soon as
+    Redis answers."""
     settings = settings or CoordinatorSettings()
     store = store or RunStore.from_url(settings.redis_url)
 
@@ -25,11 +31,25 @@ def create_app(settings: CoordinatorSettings | None = None, store: RunStore | No
         app.state.settings = settings
         app.state.store = store
         app.state.manager = manager
-        if settings.resume_runs and await store.ping():
-            await manager.resume_left_running()
+        resuming = asyncio.create_task(resume_when_redis_answers(manager)) if settings.resume_runs else None
         yield
+        if resuming is not None:
+            resuming.cancel()
+            await asyncio.gather(resuming, return_exceptions=True)
         await manager.shutdown()
         await store.close()
+
+    async def resume_when_redis_answers(manager: RunManager, poll_s: float = 1.0) -> None:
+        """Resumes the runs left running once Redis answers (it may start after the coordinator:
+        Kubernetes has no start order); gives up after `service_wait_s`."""
+        deadline = time.monotonic() + settings.service_wait_s
+        while not await store.ping():
+            if time.monotonic() >= deadline:
+                log.error("Redis did not answer: runs left running are not resumed",
+                          extra={"redis_url": settings.redis_url, "waited_s": settings.service_wait_s})
+                return
+            await asyncio.sleep(poll_s)
+        await manager.resume_left_running()
 
     app = FastAPI(title="MMRL coordinator", version="0.1.0", lifespan=lifespan,
                   description="Start, watch, pause, resume and stop multi-turn GRPO runs.")
