@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from services.env.config import EnvConfig
 from services.env.episode import Episode
-from services.env.errors import EnvError, ErrorCode, invalid
+from services.env.errors import EnvError, ErrorCode, invalid, shown
 from services.env.evalset import EvalSet, get_eval_set
 from services.env.maze import generate_maze
 from services.env.render import MazeRenderer
@@ -116,7 +116,7 @@ class MazeEnv:
             if episode.done:
                 raise EnvError(
                     ErrorCode.FAILED_PRECONDITION,
-                    f"actions[{i}].episode_id: episode {item.episode_id!r} is done; create a new one",
+                    f"actions[{i}].episode_id: episode {shown(item.episode_id)} is done; create a new one",
                 )
             episodes.append(episode)
         views = []

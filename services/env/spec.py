@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from services.env.config import EnvConfig
-from services.env.errors import invalid
+from services.env.errors import invalid, shown
 from services.env.maze import Cell, num_cells_per_side
 from services.env.render import frame_side
 
@@ -76,7 +76,7 @@ def _int_option(options: Mapping[str, str], name: str, default: int, where: str)
     try:
         return int(text)
     except ValueError:
-        raise invalid(f"{where}.options.{name}", f"must be an integer, got {text!r}") from None
+        raise invalid(f"{where}.options.{name}", f"must be an integer, got {shown(text)}") from None
 
 
 def cell_option(options: Mapping[str, str], name: str, default: Cell, n: int, where: str) -> Cell:
@@ -86,10 +86,10 @@ def cell_option(options: Mapping[str, str], name: str, default: Cell, n: int, wh
         return default
     match = _CELL.match(text)
     if match is None:
-        raise invalid(f"{where}.options.{name}", f"must be a cell 'row,col', got {text!r}")
+        raise invalid(f"{where}.options.{name}", f"must be a cell 'row,col', got {shown(text)}")
     cell = (int(match.group(1)), int(match.group(2)))
     if not (cell[0] < n and cell[1] < n):
-        raise invalid(f"{where}.options.{name}", f"cell {text!r} is outside the {n}x{n} cells")
+        raise invalid(f"{where}.options.{name}", f"cell {shown(text)} is outside the {n}x{n} cells")
     return cell
 
 
@@ -98,7 +98,7 @@ def parse_spec(spec: SpecLike, config: EnvConfig, where: str = "spec") -> Episod
     options = spec.options
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
-        raise invalid(f"{where}.options", f"unknown option {unknown[0]!r} (known: {', '.join(OPTIONS)})")
+        raise invalid(f"{where}.options", f"unknown option {shown(unknown[0])} (known: {', '.join(OPTIONS)})")
     if not 0 <= spec.seed < MAX_SEED:
         raise invalid(f"{where}.seed", f"must be in [0, 2**53), got {spec.seed}")
 
@@ -124,7 +124,7 @@ def parse_spec(spec: SpecLike, config: EnvConfig, where: str = "spec") -> Episod
 
     require_stop_text = options.get("require_stop", "false").strip().lower()
     if require_stop_text not in _TRUE + _FALSE:
-        raise invalid(f"{where}.options.require_stop", f"must be true or false, got {require_stop_text!r}")
+        raise invalid(f"{where}.options.require_stop", f"must be true or false, got {shown(require_stop_text)}")
 
     n = num_cells_per_side(size)
     start = cell_option(options, "start", (0, 0), n, where)

@@ -13,6 +13,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from services.env.errors import shown
+
 T = TypeVar("T")
 
 
@@ -91,10 +93,10 @@ class EpisodeStore(Generic[T]):
         """Why `episode_id` is not live, for a NOT_FOUND message."""
         reason = self._gone.get(episode_id)
         if reason == "expired":
-            return f"episode {episode_id!r} expired (idle for more than {self.idle_ttl_s:g} s)"
+            return f"episode {shown(episode_id)} expired (idle for more than {self.idle_ttl_s:g} s)"
         if reason == "closed":
-            return f"episode {episode_id!r} was closed"
-        return f"unknown episode {episode_id!r}"
+            return f"episode {shown(episode_id)} was closed"
+        return f"unknown episode {shown(episode_id)}"
 
     def _remember_gone(self, episode_id: str, reason: str) -> None:
         self._gone[episode_id] = reason

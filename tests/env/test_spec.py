@@ -86,3 +86,12 @@ def test_config_rejects_unknown_fields_and_inconsistent_sizes() -> None:
 
 def test_the_largest_grid_fits_max_frame_px_at_19_px_per_unit() -> None:
     assert _parse(size="51", unit_px="19").unit_px == 19
+
+
+@pytest.mark.parametrize("option", ["size", "start", "require_stop", "x" * 10_000])
+def test_an_oversized_option_is_quoted_short_in_the_error(option: str) -> None:
+    value = "9" * 10_000 + "x"
+    with pytest.raises(EnvError) as raised:
+        _parse(**{option: value})
+    assert raised.value.code is ErrorCode.INVALID_ARGUMENT
+    assert len(raised.value.message) < 300 and "characters)" in raised.value.message
