@@ -52,11 +52,12 @@ async def evaluate(
             run_id, version, path = adapter
             await services.rollouts[0].load_adapter(run_id, version, path)
         tokenizer = load_tokenizer(str(model))
+        max_turns = max(int(s.max_moves) for s in specs)
         sampled = f", then {samples} sampled episodes each" if samples else ""
-        print(f"evaluating {len(specs)} mazes: greedy{sampled}, up to {max(int(s.max_moves) for s in specs)} "
-              "turns, all mazes at once ...", file=sys.stderr, flush=True)
+        print(f"evaluating {len(specs)} mazes: greedy{sampled}, up to {max_turns} turns, all mazes at once ...",
+              file=sys.stderr, flush=True)
         plan = EvalPlan(specs=specs, max_tokens=max_tokens, sampled_samples=samples,
-                        sampled_temperature=temperature, max_turns=max(int(s.max_moves) for s in specs),
+                        sampled_temperature=temperature, max_turns=max_turns,
                         system_prompt=system_prompt)
         summary, greedy = await run_eval(services, tokenizer, ChatTokens.from_tokenizer(tokenizer), plan,
                                          run_id=run_id, adapter_version=version, seed=0, timers=Timers(),
@@ -66,6 +67,9 @@ async def evaluate(
     return summary, greedy
 
 
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")  # a peft adapter directory
+
+
 def stage_adapter(adapter_dir: Path, shared_root: Path) -> tuple[str, int, str]:
     """Copies an adapter into the shared root as version 1 of run 'eval' (with a fresh manifest)."""
     target = storage.adapter_dir(shared_root, "eval", 1)
@@ -73,7 +77,7 @@ def stage_adapter(adapter_dir: Path, shared_root: Path) -> tuple[str, int, str]:
         shutil.rmtree(target)
 
     def copy(tmp: Path) -> None:
-        for name in ("adapter_model.safetensors", "adapter_config.json"):
+        for name in ADAPTER_FILES:
             shutil.copy2(adapter_dir / name, tmp / name)
 
     storage.publish_directory(target, copy)
@@ -99,9 +103,8 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"--samples {args.samples}: must be 0 or more")
     if args.adapter and args.rollout:
         raise SystemExit("--adapter needs the rollout service started by mmrl eval (omit --rollout)")
-    if args.adapter and not all((args.adapter / name).is_file()
-                                for name in ("adapter_model.safetensors", "adapter_config.json")):
-        raise SystemExit(f"--adapter {args.adapter}: no adapter_model.safetensors + adapter_config.json there")
+    if args.adapter and not all((args.adapter / name).is_file() for name in ADAPTER_FILES):
+        raise SystemExit(f"--adapter {args.adapter}: no {' + '.join(ADAPTER_FILES)} there")
 
     started = time.perf_counter()
     stack = Stack(StackConfig(model=args.model.resolve(), state_dir=args.state_dir))

@@ -7,7 +7,9 @@ address: a run is launched only after it has claimed its learner, and the claim 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -69,6 +71,17 @@ class RunManager:
                 )
         self.learners[run_id] = learner
 
+    @contextlib.contextmanager
+    def _claimed(self, run_id: str, config: RunConfig) -> Iterator[None]:
+        """Claims the run's learner for the block that records the run before its launch; a failure
+        there releases the claim."""
+        self.claim_learner(run_id, config)
+        try:
+            yield
+        except BaseException:
+            self.learners.pop(run_id, None)
+            raise
+
     def launch(self, run_id: str) -> None:
         """Starts the run's task; the run must have claimed its learner."""
         assert run_id in self.learners, "claim_learner first"
@@ -129,12 +142,8 @@ class RunManager:
     async def create(self, config: RunConfig) -> dict[str, Any]:
         """Records a new run and launches it; TransitionError when its learner is busy."""
         run_id = new_run_id(config.name)
-        self.claim_learner(run_id, config)
-        try:
+        with self._claimed(run_id, config):
             run = await self.store.create_run(run_id, config.name, config.model_dump(mode="json"), config.steps)
-        except BaseException:
-            self.learners.pop(run_id, None)
-            raise
         self.launch(run_id)
         return run
 
@@ -157,13 +166,9 @@ class RunManager:
             config = RunConfig.model_validate(run["config"])
         except ValidationError as exc:
             raise TransitionError(f"the run's stored config no longer validates: {exc}") from None
-        self.claim_learner(run_id, config)
-        try:
+        with self._claimed(run_id, config):
             await self.store.update_run(run_id, desired="")
             await self.store.set_state(run_id, RunState.PENDING)
-        except BaseException:
-            self.learners.pop(run_id, None)
-            raise
         self.launch(run_id)
 
     async def stop(self, run_id: str) -> None:

@@ -135,14 +135,6 @@ def write_checkpoint(
     return final, (time.perf_counter() - start) * 1000.0
 
 
-def read_trainer_state(directory: Path) -> TrainerState:
-    """Verifies the checkpoint against its manifest and reads its scalar state.
-
-    Raises storage.ManifestError for an incomplete or altered checkpoint."""
-    storage.verify_manifest(directory)
-    return load_trainer_state(directory)
-
-
 def load_trainer_state(directory: Path) -> TrainerState:
     """The scalar state of a checkpoint (no manifest check). Checkpoints written before
     `train_steps` was recorded get it from their optimiser steps: `num_minibatches` per TrainStep."""

@@ -175,10 +175,7 @@ class LearnerDriver:
         step = self.engine.state().step
         existing = storage.checkpoint_dir(self.shared_root, run_id, step)
         if existing.exists():
-            try:
-                storage.verify_manifest(existing)
-            except storage.ManifestError as exc:
-                raise StateError(f"checkpoint {existing} is incomplete or altered: {exc}") from exc
+            _verify(existing)
             if self._state_checkpoint is None or existing.resolve() != self._state_checkpoint.resolve():
                 raise StateError(
                     f"{existing} holds another state of step {step}: the run was restored from an older "
@@ -215,10 +212,8 @@ class LearnerDriver:
         self._send(Command("stop"))
 
     def _check_compatible(self, directory: Path, run_id: str, config: LearnerRunConfig) -> None:
-        try:
-            saved = ckpt.read_trainer_state(directory)
-        except storage.ManifestError as exc:
-            raise StateError(f"checkpoint {directory} is incomplete or altered: {exc}") from exc
+        _verify(directory)
+        saved = ckpt.load_trainer_state(directory)
         if saved.run_id != run_id:
             raise StateError(f"checkpoint {directory} belongs to run {saved.run_id!r}, not {run_id!r}")
         wanted = config.adapter_shape_fields()
@@ -242,6 +237,14 @@ class LearnerDriver:
         self._state_checkpoint = directory
         log.info("restored checkpoint", extra={"path": str(directory), "step": state.step})
         return state
+
+
+def _verify(checkpoint: Path) -> None:
+    """Checks a checkpoint against its manifest; StateError when it is incomplete or altered."""
+    try:
+        storage.verify_manifest(checkpoint)
+    except storage.ManifestError as exc:
+        raise StateError(f"checkpoint {checkpoint} is incomplete or altered: {exc}") from exc
 
 
 def split_minibatches(num_items: int, num_minibatches: int) -> list[list[int]]:
