@@ -77,6 +77,12 @@ class GrpoSettings(_Strict):
 
     group_size: int = Field(8, ge=2, le=256, description="G: episodes per maze, all on the same maze.")
     mazes_per_step: int = Field(8, ge=1, le=1024, description="B: groups per training step.")
+    greedy_per_group: int = Field(
+        0, ge=0, le=255,
+        description="Episodes of each group played greedily (temperature 0), the rest sampled: the mode's own "
+                    "way through the maze, which the greedy eval measures, gets an advantage in its group "
+                    "(0 = all sampled).",
+    )
     advantage_norm: Normalize = Field(
         "std", description="'std': GRPO (r - mean)/std; 'none': Dr. GRPO (r - mean)."
     )
@@ -146,6 +152,14 @@ class GrpoSettings(_Strict):
         description="Sample step s+1 while the learner trains on step s: episodes come from the policy "
                     "one version behind the learner's (set tis_cap to correct for it). Not with colocated.",
     )
+
+
+    @model_validator(mode="after")
+    def _some_sampled(self) -> GrpoSettings:
+        if self.greedy_per_group >= self.group_size:
+            raise ValueError(f"grpo.greedy_per_group ({self.greedy_per_group}) must leave sampled episodes in a "
+                             f"group of grpo.group_size {self.group_size}: greedy episodes of one maze are all alike")
+        return self
 
 
 class LoraSettings(_Strict):

@@ -117,8 +117,12 @@ async def play_episodes(
     seed: int,
     timers: Timers,
     keep_frames: bool = False,
+    greedy_per_spec: int = 0,
 ) -> list[EpisodeResult]:
-    """Plays `samples_per_spec` episodes of every spec to the end; results in spec order."""
+    """Plays `samples_per_spec` episodes of every spec to the end; results in spec order. The
+    first `greedy_per_spec` episodes of each spec are played at temperature 0, the rest with
+    `sampling`."""
+    greedy = Sampling(0.0, 1.0, sampling.max_tokens)
     all_specs = [spec for spec in specs for _ in range(samples_per_spec)]
     started = time.perf_counter()
     created = await services.env.call("CreateEpisodes", services.env.stub.CreateEpisodes,
@@ -140,7 +144,8 @@ async def play_episodes(
                 rollout_pb2.GenerationRequest(
                     prompt_token_ids=results[i].conversation.compact_ids,
                     images=[{"data": d, "mime_type": "image/png"} for d in results[i].conversation.images],
-                    sampling=_sampling_proto(sampling, seed * 1_000_003 + i * 1009 + turn, [chat.im_end]),
+                    sampling=_sampling_proto(greedy if i % samples_per_spec < greedy_per_spec else sampling,
+                                             seed * 1_000_003 + i * 1009 + turn, [chat.im_end]),
                     adapter_run_id=run_id if adapter_version else "",
                     adapter_version=adapter_version,
                 )

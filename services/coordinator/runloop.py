@@ -343,7 +343,8 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
             ctx.services, ctx.tokenizer, ctx.chat, specs, samples_per_spec=cfg.grpo.group_size,
             sampling=sampling, run_id=ctx.run_id, adapter_version=adapter_version,
             system_prompt=cfg.system_prompt, max_turns=cfg.turn_limit,
-            seed=cfg.seed * 100_003 + step * 101 + round_index, timers=timers)
+            seed=cfg.seed * 100_003 + step * 101 + round_index, timers=timers,
+            greedy_per_spec=cfg.grpo.greedy_per_group)
         num_played += len(episodes)
         keep: list[list[EpisodeResult]] = []
         uninformative = []

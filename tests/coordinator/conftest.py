@@ -4,7 +4,13 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from mmrl.v1 import env_pb2_grpc
+from services.common.grpc_server import start_server
 from services.common.procs import free_port, start_redis, stop_process
+from services.coordinator.clients import CallPolicy, EnvClient, Services
+from services.env.config import EnvConfig
+from services.env.environment import MazeEnv
+from services.env.servicer import SERVICE_NAME, EnvServicer
 
 
 @pytest.fixture(scope="session")
@@ -25,3 +31,16 @@ async def store(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator
     await store.r.flushdb()
     yield store
     await store.close()
+
+
+@pytest.fixture
+async def env_services() -> AsyncIterator[Services]:
+    """Services whose env is a real env service on loopback (grpc.aio); no rollout or learner."""
+    servicer = EnvServicer(MazeEnv(EnvConfig(max_live_episodes=64, max_batch=64)))
+    running = await start_server(
+        lambda server: env_pb2_grpc.add_EnvServiceServicer_to_server(servicer, server), SERVICE_NAME, "127.0.0.1:0"
+    )
+    env = EnvClient(f"127.0.0.1:{running.port}", CallPolicy(retries=0))
+    yield Services(env=env, rollouts=[], learner=None)  # type: ignore[arg-type]
+    await env.close()
+    await running.stop(grace_s=0)

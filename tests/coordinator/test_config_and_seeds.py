@@ -43,6 +43,12 @@ def test_async_rollout_is_refused_with_a_colocated_engine() -> None:
     assert RunConfig.model_validate({"model": "m", "grpo": {"async_rollout": True}}).grpo.async_rollout
 
 
+def test_greedy_episodes_must_leave_sampled_ones_in_a_group() -> None:
+    assert RunConfig.model_validate({"model": "m", "grpo": {"group_size": 8, "greedy_per_group": 7}})
+    with pytest.raises(ValidationError, match="greedy_per_group"):
+        RunConfig.model_validate({"model": "m", "grpo": {"group_size": 8, "greedy_per_group": 8}})
+
+
 def test_a_cosine_schedule_decays_over_the_runs_optimiser_steps() -> None:
     from services.learner.config import LearnerRunConfig
     from services.learner.optim import learning_rate_at

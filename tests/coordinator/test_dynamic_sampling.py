@@ -22,9 +22,11 @@ def _step(
     solves its maze, those of an informative maze in different numbers of moves."""
     played: list[int] = []
     per_round: list[int] = []
+    expected_greedy = grpo.get("greedy_per_group", 0)
 
     async def play(_services: Any, _tok: Any, _chat: Any, specs: list[env_pb2.EpisodeSpec], *,
-                   samples_per_spec: int, **_: Any) -> list[EpisodeResult]:
+                   samples_per_spec: int, greedy_per_spec: int, **_: Any) -> list[EpisodeResult]:
+        assert greedy_per_spec == expected_greedy
         per_round.append(len(specs))
         episodes = []
         for spec in specs:
@@ -58,7 +60,8 @@ def test_dropped_groups_are_replaced_by_a_later_round(monkeypatch: pytest.Monkey
 
 
 def test_extra_mazes_replace_dropped_groups_in_the_same_round(monkeypatch: pytest.MonkeyPatch) -> None:
-    step, per_round = _step(monkeypatch, informative={0, 2, 4, 5}, max_sampling_rounds=1, extra_mazes=2)
+    step, per_round = _step(monkeypatch, informative={0, 2, 4, 5}, max_sampling_rounds=1, extra_mazes=2,
+                            greedy_per_group=1)
     assert per_round == [6] and _mazes(step) == [0, 2, 4, 5]
     assert step.num_dropped == 2
 

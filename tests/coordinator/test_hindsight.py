@@ -3,37 +3,20 @@ with, how relabellings are chosen, and the replay on a real env service (grpc.ai
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
-from mmrl.v1 import env_pb2, env_pb2_grpc
-from services.common.conversation import ChatTokens, TokenConversation, expand_image_placeholders
-from services.common.grpc_server import start_server
+from mmrl.v1 import env_pb2
+from services.common.conversation import TokenConversation, expand_image_placeholders
 from services.common.trajectory import Trajectory
 from services.coordinator import hindsight, runloop
-from services.coordinator.clients import CallPolicy, EnvClient, Services
+from services.coordinator.clients import Services
 from services.coordinator.config import Replayed
 from services.coordinator.episodes import EpisodeResult, Timers, observation_key
-from services.env.config import EnvConfig
-from services.env.environment import MazeEnv
 from services.env.maze import DIRECTIONS, generate_maze, solve
-from services.env.servicer import SERVICE_NAME, EnvServicer
+from tests.coordinator.chat import CHAT, CharTokenizer
 
-CHAT = ChatTokens(im_start=1, im_end=2, vision_start=3, image_pad=4, vision_end=5, newline=(6,),
-                  user_header=(1, 7), assistant_header=(1, 8), system_header=(1, 9))
 TOKENS_PER_IMAGE = 3
 OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
-
-
-class CharTokenizer:
-    """One token per character, above the chat template's ids."""
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [100 + ord(c) for c in text]
-
-    def convert_tokens_to_ids(self, token: str) -> int:
-        raise NotImplementedError
 
 
 def _keyed(keys: list[str], final: str, *, solved: bool = False, position: tuple[int, int] = (1, 1),
@@ -127,18 +110,6 @@ def test_interleave_spreads_the_extra_trajectories_over_the_minibatches() -> Non
     # Four contiguous mini-batches of three: one relabelled episode in each.
     assert [sum(n.startswith("h") for n in merged[k:k + 3]) for k in range(0, 12, 3)] == [1, 1, 1, 1]
     assert runloop.interleave(main, []) == main
-
-
-@pytest.fixture
-async def env_services() -> AsyncIterator[Services]:
-    servicer = EnvServicer(MazeEnv(EnvConfig(max_live_episodes=64, max_batch=64)))
-    running = await start_server(
-        lambda server: env_pb2_grpc.add_EnvServiceServicer_to_server(servicer, server), SERVICE_NAME, "127.0.0.1:0"
-    )
-    env = EnvClient(f"127.0.0.1:{running.port}", CallPolicy(retries=0))
-    yield Services(env=env, rollouts=[], learner=None)  # type: ignore[arg-type]
-    await env.close()
-    await running.stop(grace_s=0)
 
 
 async def _play(services: Services, spec: env_pb2.EpisodeSpec, actions: list[str]) -> EpisodeResult:

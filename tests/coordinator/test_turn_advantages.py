@@ -7,12 +7,10 @@ from __future__ import annotations
 import pytest
 
 from mmrl.v1 import env_pb2
-from services.common.conversation import ChatTokens, TokenConversation
+from services.common.conversation import TokenConversation
 from services.coordinator import runloop
 from services.coordinator.episodes import EpisodeResult, observation_key
-
-CHAT = ChatTokens(im_start=1, im_end=2, vision_start=3, image_pad=4, vision_end=5, newline=(6,),
-                  user_header=(1, 7), assistant_header=(1, 8), system_header=(1, 9))
+from tests.coordinator.chat import CHAT
 
 
 def _episode(states: list[bytes], reward: float) -> EpisodeResult:
