@@ -59,6 +59,19 @@ def test_versions_are_immutable(tmp_path: Path) -> None:
         storage.publish_directory(target, _write_two_files)
 
 
+def test_an_adapter_copy_is_a_new_version_of_the_peft_files_only(tmp_path: Path) -> None:
+    source = tmp_path / "trained"
+    source.mkdir()
+    (source / storage.ADAPTER_WEIGHTS).write_bytes(b"weights")
+    (source / storage.ADAPTER_CONFIG).write_text('{"r": 16}')
+    (source / "README.md").write_text("not part of the adapter")
+    target = storage.publish_adapter_copy(source, storage.adapter_dir(tmp_path, "run-1", 2))
+    assert set(storage.verify_manifest(target)["files"]) == set(storage.ADAPTER_FILES)
+    assert (target / storage.ADAPTER_WEIGHTS).read_bytes() == b"weights"
+    with pytest.raises(FileExistsError):
+        storage.publish_adapter_copy(source, target)
+
+
 def test_directory_without_manifest_is_not_listed(tmp_path: Path) -> None:
     half = storage.adapter_dir(tmp_path, "r", 7)
     half.mkdir(parents=True)

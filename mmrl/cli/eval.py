@@ -67,20 +67,12 @@ async def evaluate(
     return summary, greedy
 
 
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")  # a peft adapter directory
-
-
 def stage_adapter(adapter_dir: Path, shared_root: Path) -> tuple[str, int, str]:
     """Copies an adapter into the shared root as version 1 of run 'eval' (with a fresh manifest)."""
     target = storage.adapter_dir(shared_root, "eval", 1)
     if target.exists():
         shutil.rmtree(target)
-
-    def copy(tmp: Path) -> None:
-        for name in ADAPTER_FILES:
-            shutil.copy2(adapter_dir / name, tmp / name)
-
-    storage.publish_directory(target, copy)
+    storage.publish_adapter_copy(adapter_dir, target)
     return "eval", 1, str(target.resolve())
 
 
@@ -103,8 +95,8 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"--samples {args.samples}: must be 0 or more")
     if args.adapter and args.rollout:
         raise SystemExit("--adapter needs the rollout service started by mmrl eval (omit --rollout)")
-    if args.adapter and not all((args.adapter / name).is_file() for name in ADAPTER_FILES):
-        raise SystemExit(f"--adapter {args.adapter}: no {' + '.join(ADAPTER_FILES)} there")
+    if args.adapter and not all((args.adapter / name).is_file() for name in storage.ADAPTER_FILES):
+        raise SystemExit(f"--adapter {args.adapter}: no {' + '.join(storage.ADAPTER_FILES)} there")
 
     started = time.perf_counter()
     stack = Stack(StackConfig(model=args.model.resolve(), state_dir=args.state_dir))

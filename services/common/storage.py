@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "manifest.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # a peft adapter directory, as peft and vLLM load it
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_FILES = (ADAPTER_WEIGHTS, ADAPTER_CONFIG)
 _MANIFEST_SHAPE = '{"files": {"<path>": {"sha256": "<hex>", ...}, ...}, ...}'
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
@@ -151,6 +154,18 @@ def publish_directory(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
+
+
+def publish_adapter_copy(source_dir: Path, final_dir: Path) -> Path:
+    """Publishes the peft files of adapter directory `source_dir` again as the version `final_dir`
+    (with a fresh manifest); raises FileExistsError if that version exists."""
+
+    def copy(tmp: Path) -> None:
+        for name in ADAPTER_FILES:
+            shutil.copy2(Path(source_dir) / name, tmp / name)
+
+    publish_directory(Path(final_dir), copy)
+    return Path(final_dir)
 
 
 def manifest_sha256(directory: Path) -> str:

@@ -18,10 +18,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from services.common import storage
+from services.common.storage import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from services.learner.policy import ADAPTER_NAME
-
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
 
 
 def peft_key(name: str) -> str:

@@ -188,7 +188,7 @@ class AdapterRegistry:
 
     def _check_rank(self, copy: Path, source: Path) -> None:
         try:
-            config = json.loads((copy / "adapter_config.json").read_text())
+            config = json.loads((copy / storage.ADAPTER_CONFIG).read_text())
         except (OSError, ValueError) as exc:
             raise FailedPrecondition(f"{source}: no readable adapter_config.json: {exc}") from exc
         try:

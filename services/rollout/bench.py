@@ -44,7 +44,7 @@ from services.common.grpc_server import channel
 from services.rollout.config import RolloutConfig
 from services.rollout.engine_vllm import VllmEngine
 from services.rollout.service import RolloutServer
-from services.rollout.tiny_adapter import PROMPT_TEXT, copy_adapter, frame_png, publish_adapter, train_adapter
+from services.rollout.tiny_adapter import PROMPT_TEXT, frame_png, publish_adapter, train_adapter
 
 RUN = "bench"
 
@@ -188,7 +188,7 @@ async def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
             load_ms, rpc_ms = [], []
             for version in range(2, 2 + args.adapter_loads):
                 start = time.perf_counter()
-                copy_adapter(storage.adapter_dir(shared, RUN, 1), storage.adapter_dir(shared, RUN, version))
+                storage.publish_adapter_copy(storage.adapter_dir(shared, RUN, 1), storage.adapter_dir(shared, RUN, version))
                 reply = await stub.LoadAdapter(rollout_pb2.LoadAdapterRequest(run_id=RUN, version=version))
                 load_ms.append((time.perf_counter() - start) * 1000)
                 rpc_ms.append(reply.load_ms)

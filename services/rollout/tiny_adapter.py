@@ -82,13 +82,3 @@ def publish_adapter(peft_model: Any, final_dir: Path, extra_manifest: dict[str, 
     return Path(final_dir)
 
 
-def copy_adapter(source_dir: Path, final_dir: Path) -> Path:
-    """Publishes the adapter files of `source_dir` again as another version (a cheap new version)."""
-    names = ("adapter_model.safetensors", "adapter_config.json")
-
-    def write(tmp: Path) -> None:
-        for name in names:
-            (tmp / name).write_bytes((Path(source_dir) / name).read_bytes())
-
-    publish_directory(Path(final_dir), write)
-    return Path(final_dir)

@@ -24,7 +24,7 @@ from services.common.grpc_server import channel
 from services.rollout.config import RolloutConfig
 from services.rollout.engine_vllm import VllmEngine
 from services.rollout.service import SERVICE_NAME, RolloutServer
-from services.rollout.tiny_adapter import PROMPT_TEXT, copy_adapter, frame_png, publish_adapter, train_adapter
+from services.rollout.tiny_adapter import PROMPT_TEXT, frame_png, publish_adapter, train_adapter
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -209,7 +209,7 @@ async def test_an_adapter_changes_generation_is_reported_and_matches_the_learner
 async def test_base_requests_batched_with_adapter_requests_get_the_base_model(rollout: Rollout) -> None:
     await _load(rollout, 1)
     if not storage.adapter_dir(rollout.shared, RUN, 2).exists():
-        copy_adapter(storage.adapter_dir(rollout.shared, RUN, 1), storage.adapter_dir(rollout.shared, RUN, 2))
+        storage.publish_adapter_copy(storage.adapter_dir(rollout.shared, RUN, 1), storage.adapter_dir(rollout.shared, RUN, 2))
     await _load(rollout, 2)  # both LoRA slots now hold an adapter
     base = _request(rollout, (5,), max_tokens=6, temperature=0.0)
     (alone,) = await _generate(rollout, base)
@@ -225,7 +225,7 @@ async def test_a_tampered_adapter_is_refused_and_the_previous_version_keeps_serv
     await _load(rollout, 1)
     before = (await rollout.stub.ListAdapters(rollout_pb2.ListAdaptersRequest())).adapters
     tampered = storage.adapter_dir(rollout.shared, "run-t", 1)
-    copy_adapter(storage.adapter_dir(rollout.shared, RUN, 1), tampered)
+    storage.publish_adapter_copy(storage.adapter_dir(rollout.shared, RUN, 1), tampered)
     weights = tampered / "adapter_model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-4] + b"\x00\x00\x00\x00")
     error = await _refusal(rollout.stub.LoadAdapter(
@@ -245,7 +245,7 @@ async def test_the_retention_window_unloads_old_versions_from_the_engine(rollout
     source = storage.adapter_dir(rollout.shared, RUN, 1)
     for version in (2, 3, 4):
         if not storage.adapter_dir(rollout.shared, RUN, version).exists():
-            copy_adapter(source, storage.adapter_dir(rollout.shared, RUN, version))
+            storage.publish_adapter_copy(source, storage.adapter_dir(rollout.shared, RUN, version))
     for version in (1, 2, 3, 4):
         try:
             await _load(rollout, version)
