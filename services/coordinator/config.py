@@ -153,7 +153,6 @@ class GrpoSettings(_Strict):
                     "one version behind the learner's (set tis_cap to correct for it). Not with colocated.",
     )
 
-
     @model_validator(mode="after")
     def _some_sampled(self) -> GrpoSettings:
         if self.greedy_per_group >= self.group_size:

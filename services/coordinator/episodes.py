@@ -59,6 +59,11 @@ class Sampling:
     top_p: float
     max_tokens: int
 
+    @classmethod
+    def greedy(cls, max_tokens: int) -> Sampling:
+        """Temperature 0: the most likely token every time (what the eval measures)."""
+        return cls(0.0, 1.0, max_tokens)
+
 
 def observation_key(images: list[bytes]) -> str:
     """A digest of an observation's images (length-prefixed, so that splits cannot collide)."""
@@ -122,7 +127,7 @@ async def play_episodes(
     """Plays `samples_per_spec` episodes of every spec to the end; results in spec order. The
     first `greedy_per_spec` episodes of each spec are played at temperature 0, the rest with
     `sampling`."""
-    greedy = Sampling(0.0, 1.0, sampling.max_tokens)
+    greedy = Sampling.greedy(sampling.max_tokens)
     all_specs = [spec for spec in specs for _ in range(samples_per_spec)]
     started = time.perf_counter()
     created = await services.env.call("CreateEpisodes", services.env.stub.CreateEpisodes,

@@ -55,7 +55,7 @@ async def run_eval(
     common = dict(run_id=run_id, adapter_version=adapter_version, system_prompt=plan.system_prompt,
                   max_turns=plan.max_turns, timers=timers)
     greedy_call = play_episodes(services, tokenizer, chat, plan.specs, samples_per_spec=1,
-                                sampling=Sampling(0.0, 1.0, plan.max_tokens), seed=seed,
+                                sampling=Sampling.greedy(plan.max_tokens), seed=seed,
                                 keep_frames=keep_frames, **common)  # type: ignore[arg-type]
     calls = [greedy_call]
     if plan.sampled_samples > 0:

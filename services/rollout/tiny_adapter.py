@@ -80,5 +80,3 @@ def publish_adapter(peft_model: Any, final_dir: Path, extra_manifest: dict[str, 
     """Writes the adapter (adapter_model.safetensors, adapter_config.json) + manifest atomically."""
     publish_directory(Path(final_dir), lambda tmp: peft_model.save_pretrained(tmp), extra_manifest)
     return Path(final_dir)
-
-

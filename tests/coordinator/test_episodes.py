@@ -54,4 +54,4 @@ async def test_the_first_episodes_of_each_group_are_played_greedily(env_services
         asked = [(r.sampling.temperature, r.sampling.top_p) for r in rollout.requests[turn * 8:(turn + 1) * 8]]
         greedy, sampled = (0.0, 1.0), (0.5, 0.75)
         assert asked == [greedy, sampled, sampled, sampled] * 2, asked
-        assert {r.sampling.max_tokens for r in rollout.requests} == {4}
+    assert {r.sampling.max_tokens for r in rollout.requests} == {4}
