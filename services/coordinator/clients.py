@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -17,6 +16,7 @@ import grpc
 
 from mmrl.v1 import env_pb2_grpc, learner_pb2, learner_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from services.common.grpc_server import channel, check_health
+from services.common.waiting import poll_until
 
 log = logging.getLogger("mmrl.coordinator.clients")
 T = TypeVar("T")
@@ -136,14 +136,12 @@ class Services:
 
     async def wait_healthy(self, timeout_s: float, poll_s: float = 2.0) -> None:
         """Waits until every service is SERVING; raises require_healthy's ServiceError after `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                return await self.require_healthy()
-            except ServiceError:
-                if time.monotonic() >= deadline:
-                    raise
-            await asyncio.sleep(poll_s)
+
+        async def all_healthy() -> bool:
+            return all(await asyncio.gather(*(c.healthy() for c in self.all())))
+
+        if not await poll_until(all_healthy, timeout_s, poll_s):
+            await self.require_healthy()
 
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self.all()))

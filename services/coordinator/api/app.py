@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
+from services.common.waiting import poll_until
 from services.coordinator.api import runs, system
 from services.coordinator.api.deps import require_token
 from services.coordinator.config import CoordinatorSettings
@@ -42,13 +42,10 @@ def create_app(settings: CoordinatorSettings | None = None, store: RunStore | No
     async def resume_when_redis_answers(manager: RunManager, poll_s: float = 1.0) -> None:
         """Resumes the runs left running once Redis answers (it may start after the coordinator:
         Kubernetes has no start order); gives up after `service_wait_s`."""
-        deadline = time.monotonic() + settings.service_wait_s
-        while not await store.ping():
-            if time.monotonic() >= deadline:
-                log.error("Redis did not answer: runs left running are not resumed",
-                          extra={"redis_url": settings.redis_url, "waited_s": settings.service_wait_s})
-                return
-            await asyncio.sleep(poll_s)
+        if not await poll_until(store.ping, settings.service_wait_s, poll_s):
+            log.error("Redis did not answer: runs left running are not resumed",
+                      extra={"redis_url": settings.redis_url, "waited_s": settings.service_wait_s})
+            return
         await manager.resume_left_running()
 
     app = FastAPI(title="MMRL coordinator", version="0.1.0", lifespan=lifespan,
