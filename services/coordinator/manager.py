@@ -19,7 +19,7 @@ from services.common.conversation import ChatTokens
 from services.coordinator.clients import CallPolicy, ServiceError, Services
 from services.coordinator.config import CoordinatorSettings, RunConfig
 from services.coordinator.runloop import ConfigRefused, RunContext, execute_run
-from services.coordinator.store import TERMINAL, RunState, RunStore, new_run_id
+from services.coordinator.store import TERMINAL, RunState, RunStore, new_run_id, state_change
 
 log = logging.getLogger("mmrl.coordinator.manager")
 
@@ -147,38 +147,50 @@ class RunManager:
         self.launch(run_id)
         return run
 
+    # Each action decides on the run as Redis holds it at the moment of its write (change_run), so
+    # a request cannot be lost to the run loop ending a step, or to another request, in between.
     async def pause(self, run_id: str) -> None:
-        run = await self.store.get_run(run_id)
-        if run["state"] != RunState.RUNNING:
-            raise TransitionError(f"cannot pause a run that is {run['state']}")
-        if run["desired"] == "stop":
-            raise TransitionError("the run is already stopping")
-        await self.store.request(run_id, "pause")
+        def request_pause(run: dict[str, Any]) -> dict[str, Any]:
+            if run["state"] != RunState.RUNNING:
+                raise TransitionError(f"cannot pause a run that is {run['state']}")
+            if run["desired"] == "stop":
+                raise TransitionError("the run is already stopping")
+            return {"desired": "pause"}  # the run loop pauses at its next step boundary
+
+        await self.store.change_run(run_id, request_pause)
 
     async def resume(self, run_id: str) -> None:
-        run = await self.store.get_run(run_id)
-        if run["state"] == RunState.RUNNING and run["desired"] == "pause":
-            await self.store.request(run_id, "")
+        def withdraw_pause(run: dict[str, Any]) -> dict[str, Any]:
+            return {"desired": ""} if run["state"] == RunState.RUNNING and run["desired"] == "pause" else {}
+
+        if await self.store.change_run(run_id, withdraw_pause):
             return
+        run = await self.store.get_run(run_id)
         if run["state"] != RunState.PAUSED or self.is_active(run_id):
             raise TransitionError(f"cannot resume a run that is {run['state']}")
         try:
             config = RunConfig.model_validate(run["config"])
         except ValidationError as exc:
             raise TransitionError(f"the run's stored config no longer validates: {exc}") from None
+
+        def relaunch(run: dict[str, Any]) -> dict[str, Any]:
+            if run["state"] != RunState.PAUSED:  # stopped meanwhile
+                raise TransitionError(f"cannot resume a run that is {run['state']}")
+            return {**state_change(RunState.PENDING), "desired": ""}
+
         with self._claimed(run_id, config):
-            await self.store.update_run(run_id, desired="")
-            await self.store.set_state(run_id, RunState.PENDING)
+            await self.store.change_run(run_id, relaunch)
         self.launch(run_id)
 
     async def stop(self, run_id: str) -> None:
-        run = await self.store.get_run(run_id)
-        if run["state"] in TERMINAL:
-            raise TransitionError(f"cannot stop a run that is {run['state']}")
-        if self.is_active(run_id) or run_id in self.learners:  # running, or about to be launched
-            await self.store.request(run_id, "stop")
-        else:
-            await self.store.set_state(run_id, RunState.STOPPED)
+        def request_stop(run: dict[str, Any]) -> dict[str, Any]:
+            if run["state"] in TERMINAL:
+                raise TransitionError(f"cannot stop a run that is {run['state']}")
+            if run["state"] != RunState.PAUSED and (self.is_active(run_id) or run_id in self.learners):
+                return {"desired": "stop"}  # running, or launched: the run loop stops at its next step boundary
+            return state_change(RunState.STOPPED)  # no loop will act on it: paused, or pending and not launched
+
+        await self.store.change_run(run_id, request_stop)
 
     async def resume_left_running(self) -> list[str]:
         """Relaunches runs a previous coordinator left pending or running, newest first; one whose

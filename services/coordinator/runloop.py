@@ -46,7 +46,7 @@ from services.coordinator.clients import ServiceError, Services
 from services.coordinator.config import EnvSettings, RunConfig
 from services.coordinator.episodes import EpisodeResult, Sampling, Timers, play_episodes
 from services.coordinator.evaluation import EvalPlan, episode_record, run_eval
-from services.coordinator.store import RunState, RunStore
+from services.coordinator.store import RunState, RunStore, state_change
 from services.env.evalset import TRAIN_SEED_LIMIT  # training maze seeds are drawn below it
 from services.env.maze import num_cells_per_side
 
@@ -148,6 +148,12 @@ def to_trajectories(
     return trajectories
 
 
+def serve_request(run: dict[str, Any]) -> dict[str, Any]:
+    """At a step boundary: the fields that pause or stop the run when that is asked, else none."""
+    requested = {"pause": RunState.PAUSED, "stop": RunState.STOPPED}.get(run["desired"])
+    return state_change(requested) if requested else {}
+
+
 async def execute_run(ctx: RunContext) -> RunState:
     """Runs (or resumes) a run until it finishes, is paused or is stopped; returns the new state.
     Raises on failure (the caller records the reason)."""
@@ -199,14 +205,11 @@ async def execute_run(ctx: RunContext) -> RunState:
     try:
         for step in range(start_step + 1, cfg.steps + 1):
             # Pause / stop requests take effect at step boundaries.
-            desired = await store.desired(run_id)
-            if desired == "pause" and checkpoint_step < step - 1:  # so that a resume replays nothing
-                checkpoint_step = await save_checkpoint(ctx, step - 1)
-                desired = await store.desired(run_id)  # a resume or a stop may have come meanwhile
-            if desired in ("pause", "stop"):
-                state = RunState.PAUSED if desired == "pause" else RunState.STOPPED
-                await store.set_state(run_id, state)
-                return state
+            if await store.desired(run_id) == "pause" and checkpoint_step < step - 1:
+                checkpoint_step = await save_checkpoint(ctx, step - 1)  # so that a resume replays nothing
+            served = await store.change_run(run_id, serve_request)  # as the request stands now
+            if served:
+                return RunState(served["state"])
             step_started = time.perf_counter()
 
             # 1-3. B mazes (seeds from run seed + step), G episodes each, played turn by turn.

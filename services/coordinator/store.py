@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
@@ -106,15 +107,31 @@ class RunStore:
         await self.r.hset(self._key(run_id), mapping={k: _encode(v) for k, v in fields.items()})
 
     async def set_state(self, run_id: str, state: RunState, reason: str = "") -> None:
-        fields: dict[str, Any] = {"state": state.value, "failure_reason": reason}
-        if state in TERMINAL or state == RunState.PAUSED:
-            fields["desired"] = ""  # the request was served
-        await self.update_run(run_id, **fields)
+        await self.update_run(run_id, **state_change(state, reason))
         await self.add_event(run_id, "state", {"state": state.value, "reason": reason})
 
-    async def request(self, run_id: str, desired: str) -> None:
-        """Asks the run loop to pause or stop at its next step boundary."""
-        await self.update_run(run_id, desired=desired)
+    async def change_run(self, run_id: str, decide: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+        """Reads the run and writes the fields `decide(run)` returns, in one optimistic transaction: if
+        anything else writes the run in between (the run loop ending a step, another request), the run
+        is read again and `decide` called again, so a decision never rests on a stale state. What
+        `decide` raises propagates with nothing written. Returns the fields written (with a "state"
+        among them, a state event is added too)."""
+        key = self._key(run_id)
+
+        async def read_decide_write(pipe: Any) -> dict[str, Any]:
+            raw = await pipe.hgetall(key)  # WATCHed: immediate
+            if not raw:
+                raise RunNotFound(run_id)
+            fields = decide(_decode_run(raw))
+            pipe.multi()
+            if fields:
+                pipe.hset(key, mapping={k: _encode(v) for k, v in {**fields, "updated_at": time.time()}.items()})
+            return fields
+
+        fields: dict[str, Any] = await self.r.transaction(read_decide_write, key, value_from_callable=True)
+        if "state" in fields:
+            await self.add_event(run_id, "state", {"state": fields["state"], "reason": fields["failure_reason"]})
+        return fields
 
     async def desired(self, run_id: str) -> str:
         return str(await self.r.hget(self._key(run_id), "desired") or "")
@@ -183,6 +200,14 @@ class RunStore:
                 events.append((event_id, {"kind": fields["kind"], "data": json.loads(fields["data"]),
                                           "ts": float(fields["ts"])}))
         return events
+
+
+def state_change(state: RunState, reason: str = "") -> dict[str, Any]:
+    """The run fields that record `state`; a pause or an end serves the pending request."""
+    fields: dict[str, Any] = {"state": state.value, "failure_reason": reason}
+    if state in TERMINAL or state == RunState.PAUSED:
+        fields["desired"] = ""
+    return fields
 
 
 def _encode(value: Any) -> Any:

@@ -7,7 +7,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -15,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from services.common.procs import free_port
 from services.coordinator.api.app import create_app
-from services.coordinator.config import CoordinatorSettings, RunConfig
+from services.coordinator.config import CoordinatorSettings
 from services.coordinator.runloop import RunContext
 
 TOKEN = "s3cret-token"
@@ -186,19 +185,6 @@ def test_runs_left_running_on_one_learner_resume_newest_first_and_the_others_wai
         _wait_for_state(resumed, newer, {"succeeded"})
         assert resumed.post(f"/v1/runs/{older}/resume").json()["state"] == "pending"
         _wait_for_state(resumed, older, {"succeeded"})
-
-
-async def test_a_stop_while_a_paused_run_is_being_resumed_is_left_to_its_loop(store: Any, tmp_path: Path) -> None:
-    from services.coordinator.manager import RunManager
-    from services.coordinator.store import RunState
-
-    manager = RunManager(store, CoordinatorSettings(shared_root=tmp_path, resume_runs=False))
-    await store.create_run("r1", "r", _config(), 2)
-    await store.set_state("r1", RunState.PAUSED)
-    manager.claim_learner("r1", RunConfig.model_validate(_config()))  # resume has claimed; not launched yet
-    await manager.stop("r1")
-    run = await store.get_run("r1")
-    assert (run["state"], run["desired"]) == ("paused", "stop")  # the launched loop stops at its first step
 
 
 def test_a_run_resumed_by_a_restarted_coordinator_waits_for_its_services(
