@@ -149,6 +149,7 @@ class RunManager:
 
     # Each action decides on the run as Redis holds it at the moment of its write (change_run), so
     # a request cannot be lost to the run loop ending a step, or to another request, in between.
+    # (Not yet so for resume_left_running's relaunch at startup, which decides on a listing.)
     async def pause(self, run_id: str) -> None:
         def request_pause(run: dict[str, Any]) -> dict[str, Any]:
             if run["state"] != RunState.RUNNING:

@@ -22,6 +22,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -148,10 +149,14 @@ def to_trajectories(
     return trajectories
 
 
-def serve_request(run: dict[str, Any]) -> dict[str, Any]:
-    """At a step boundary: the fields that pause or stop the run when that is asked, else none."""
-    requested = {"pause": RunState.PAUSED, "stop": RunState.STOPPED}.get(run["desired"])
-    return state_change(requested) if requested else {}
+def serve_request(run: dict[str, Any], checkpointed: bool = True) -> dict[str, Any]:
+    """At a step boundary: the fields that stop the run when that is asked, or pause it when that is
+    asked and the last completed step is `checkpointed` (so that a resume replays nothing); else none."""
+    if run["desired"] == "stop":
+        return state_change(RunState.STOPPED)
+    if run["desired"] == "pause" and checkpointed:
+        return state_change(RunState.PAUSED)
+    return {}
 
 
 async def execute_run(ctx: RunContext) -> RunState:
@@ -204,10 +209,12 @@ async def execute_run(ctx: RunContext) -> RunState:
     checkpoint_step = start_step  # the learner's newest checkpoint
     try:
         for step in range(start_step + 1, cfg.steps + 1):
-            # Pause / stop requests take effect at step boundaries.
-            if await store.desired(run_id) == "pause" and checkpoint_step < step - 1:
-                checkpoint_step = await save_checkpoint(ctx, step - 1)  # so that a resume replays nothing
-            served = await store.change_run(run_id, serve_request)  # as the request stands now
+            # Pause / stop requests take effect at step boundaries, as they stand when served.
+            checkpointed = checkpoint_step >= step - 1
+            served = await store.change_run(run_id, partial(serve_request, checkpointed=checkpointed))
+            if not served and await store.desired(run_id) == "pause":
+                checkpoint_step = await save_checkpoint(ctx, step - 1)
+                served = await store.change_run(run_id, serve_request)  # unless withdrawn meanwhile
             if served:
                 return RunState(served["state"])
             step_started = time.perf_counter()

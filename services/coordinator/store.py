@@ -114,8 +114,8 @@ class RunStore:
         """Reads the run and writes the fields `decide(run)` returns, in one optimistic transaction: if
         anything else writes the run in between (the run loop ending a step, another request), the run
         is read again and `decide` called again, so a decision never rests on a stale state. What
-        `decide` raises propagates with nothing written. Returns the fields written (with a "state"
-        among them, a state event is added too)."""
+        `decide` raises propagates with nothing written. Returns the fields written; with a "state"
+        among them, the state event is added in the same transaction."""
         key = self._key(run_id)
 
         async def read_decide_write(pipe: Any) -> dict[str, Any]:
@@ -126,11 +126,13 @@ class RunStore:
             pipe.multi()
             if fields:
                 pipe.hset(key, mapping={k: _encode(v) for k, v in {**fields, "updated_at": time.time()}.items()})
+            if "state" in fields:
+                pipe.xadd(*self._event(run_id, "state", {"state": fields["state"],
+                                                         "reason": fields.get("failure_reason", "")}),
+                          maxlen=EVENTS_MAXLEN, approximate=True)
             return fields
 
         fields: dict[str, Any] = await self.r.transaction(read_decide_write, key, value_from_callable=True)
-        if "state" in fields:
-            await self.add_event(run_id, "state", {"state": fields["state"], "reason": fields["failure_reason"]})
         return fields
 
     async def desired(self, run_id: str) -> str:
@@ -187,9 +189,11 @@ class RunStore:
 
     # events ----------------------------------------------------------------------------------
     async def add_event(self, run_id: str, kind: str, data: dict[str, Any]) -> str:
-        return str(await self.r.xadd(self._key(run_id, "events"),
-                                     {"kind": kind, "data": json.dumps(data), "ts": time.time()},
-                                     maxlen=EVENTS_MAXLEN, approximate=True))
+        return str(await self.r.xadd(*self._event(run_id, kind, data), maxlen=EVENTS_MAXLEN, approximate=True))
+
+    def _event(self, run_id: str, kind: str, data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The stream key and entry of an event."""
+        return self._key(run_id, "events"), {"kind": kind, "data": json.dumps(data), "ts": time.time()}
 
     async def read_events(self, run_id: str, after: str = "0", block_ms: int = 1000,
                           count: int = 100) -> list[tuple[str, dict[str, Any]]]:

@@ -45,19 +45,24 @@ async def test_a_refused_change_writes_nothing_and_a_state_change_is_an_event(st
     def refuse(run: dict[str, Any]) -> dict[str, Any]:
         raise TransitionError("no")
 
+    run_before, before = await store.get_run("r1"), await store.read_events("r1", block_ms=1)
     with pytest.raises(TransitionError):
         await store.change_run("r1", refuse)
-    before = await store.read_events("r1", block_ms=1)
+    assert await store.get_run("r1") == run_before  # updated_at included
+    assert await store.read_events("r1", block_ms=1) == before
     await store.change_run("r1", lambda run: serve_request({**run, "desired": "stop"}))
     assert (await store.get_run("r1"))["state"] == "stopped"
     after = await store.read_events("r1", block_ms=1)
     assert after[len(before):][0][1]["data"] == {"state": "stopped", "reason": ""}
 
 
-def test_a_step_boundary_serves_a_pause_or_a_stop_and_nothing_else() -> None:
+def test_a_step_boundary_serves_a_stop_and_a_pause_whose_checkpoint_is_saved() -> None:
     assert serve_request({"desired": "pause"}) == {"state": "paused", "failure_reason": "", "desired": ""}
     assert serve_request({"desired": "stop"}) == {"state": "stopped", "failure_reason": "", "desired": ""}
     assert serve_request({"desired": ""}) == {}
+    # a pause that came after the loop looked: not before the last step's checkpoint (the loop saves it)
+    assert serve_request({"desired": "pause"}, checkpointed=False) == {}
+    assert serve_request({"desired": "stop"}, checkpointed=False)["state"] == "stopped"
 
 
 async def test_a_stop_after_the_loop_has_paused_the_run_stops_it(store: Any, tmp_path: Path) -> None:
