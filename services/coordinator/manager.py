@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -47,6 +47,16 @@ async def _service_lost(exc: ServiceError, services: Services, run_id: str) -> b
     except ServiceError as probe:
         return probe.code in ("FAILED_PRECONDITION", "UNAVAILABLE")  # not configured for this run
     return False
+
+
+def _require_left_running(run: dict[str, Any]) -> dict[str, Any]:
+    if run["state"] not in (RunState.PENDING, RunState.RUNNING):
+        raise TransitionError(f"the run is {run['state']} now")
+    return {}
+
+
+def _pause_if_left_running(run: dict[str, Any], reason: str) -> dict[str, Any]:
+    return state_change(RunState.PAUSED, reason) if run["state"] in (RunState.PENDING, RunState.RUNNING) else {}
 
 
 class RunManager:
@@ -149,7 +159,6 @@ class RunManager:
 
     # Each action decides on the run as Redis holds it at the moment of its write (change_run), so
     # a request cannot be lost to the run loop ending a step, or to another request, in between.
-    # (Not yet so for resume_left_running's relaunch at startup, which decides on a listing.)
     async def pause(self, run_id: str) -> None:
         def request_pause(run: dict[str, Any]) -> dict[str, Any]:
             if run["state"] != RunState.RUNNING:
@@ -203,8 +212,13 @@ class RunManager:
             try:
                 self.claim_learner(run["id"], RunConfig.model_validate(run["config"]))
             except (TransitionError, ValidationError) as exc:
-                await self.store.set_state(run["id"], RunState.PAUSED, f"not resumed: {exc}")
+                await self.store.change_run(run["id"], partial(_pause_if_left_running, reason=f"not resumed: {exc}"))
                 log.warning("run left paused", extra={"run_id": run["id"], "reason": str(exc)})
+                continue
+            try:  # the listing may be stale: a stop may have come since
+                await self.store.change_run(run["id"], _require_left_running)
+            except TransitionError:
+                self.learners.pop(run["id"], None)
                 continue
             self.launch(run["id"])
             resumed.append(run["id"])

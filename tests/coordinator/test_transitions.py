@@ -99,3 +99,17 @@ async def test_a_resume_gives_way_to_a_stop_that_lands_while_it_decides(
         await manager.resume("r1")
     assert (await read_run("r1"))["state"] == "stopped"
     assert not manager.is_active("r1") and "r1" not in manager.learners  # not launched, learner free
+
+
+async def test_a_restarted_coordinator_does_not_relaunch_a_run_stopped_since_it_listed_the_runs(
+    store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manager = RunManager(store, CoordinatorSettings(shared_root=tmp_path, resume_runs=False))
+    await store.create_run("r1", "r", CONFIG, 2)
+    await store.set_state("r1", RunState.RUNNING)  # left running by a coordinator that went away
+    listing = await store.list_runs()
+    await manager.stop("r1")  # no task holds it yet: stopped at once
+    monkeypatch.setattr(store, "list_runs", lambda: asyncio.sleep(0, result=listing))
+    assert await manager.resume_left_running() == []
+    assert (await store.get_run("r1"))["state"] == "stopped"
+    assert not manager.is_active("r1") and "r1" not in manager.learners
