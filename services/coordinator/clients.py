@@ -125,20 +125,24 @@ class Services:
     def all(self) -> list[_Client]:
         return [self.env, *self.rollouts, self.learner]
 
-    async def require_healthy(self) -> None:
-        """Raises ServiceError naming the first service that is not SERVING."""
+    async def first_unhealthy(self) -> _Client | None:
+        """The first service that is not SERVING (all are checked at once), or None."""
         clients = self.all()
         results = await asyncio.gather(*(c.healthy() for c in clients))
-        for client, ok in zip(clients, results, strict=True):
-            if not ok:
-                raise ServiceError(client.service, client.address, "Health.Check", "NOT_SERVING",
-                                   "the service is down or not ready")
+        return next((client for client, ok in zip(clients, results, strict=True) if not ok), None)
+
+    async def require_healthy(self) -> None:
+        """Raises ServiceError naming the first service that is not SERVING."""
+        client = await self.first_unhealthy()
+        if client is not None:
+            raise ServiceError(client.service, client.address, "Health.Check", "NOT_SERVING",
+                               "the service is down or not ready")
 
     async def wait_healthy(self, timeout_s: float, poll_s: float = 2.0) -> None:
         """Waits until every service is SERVING; raises require_healthy's ServiceError after `timeout_s`."""
 
         async def all_healthy() -> bool:
-            return all(await asyncio.gather(*(c.healthy() for c in self.all())))
+            return await self.first_unhealthy() is None
 
         if not await poll_until(all_healthy, timeout_s, poll_s):
             await self.require_healthy()

@@ -49,14 +49,17 @@ async def _service_lost(exc: ServiceError, services: Services, run_id: str) -> b
     return False
 
 
+LEFT_RUNNING = (RunState.PENDING, RunState.RUNNING)  # what a coordinator that went away leaves to the next
+
+
 def _require_left_running(run: dict[str, Any]) -> dict[str, Any]:
-    if run["state"] not in (RunState.PENDING, RunState.RUNNING):
+    if run["state"] not in LEFT_RUNNING:
         raise TransitionError(f"the run is {run['state']} now")
     return {}
 
 
 def _pause_if_left_running(run: dict[str, Any], reason: str) -> dict[str, Any]:
-    return state_change(RunState.PAUSED, reason) if run["state"] in (RunState.PENDING, RunState.RUNNING) else {}
+    return state_change(RunState.PAUSED, reason) if run["state"] in LEFT_RUNNING else {}
 
 
 class RunManager:
@@ -207,7 +210,7 @@ class RunManager:
         learner another of them holds is paused instead (resume it when that run has ended)."""
         resumed = []
         for run in reversed(await self.store.list_runs()):
-            if run["state"] not in (RunState.PENDING, RunState.RUNNING) or self.is_active(run["id"]):
+            if run["state"] not in LEFT_RUNNING or self.is_active(run["id"]):
                 continue
             try:
                 self.claim_learner(run["id"], RunConfig.model_validate(run["config"]))

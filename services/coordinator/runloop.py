@@ -212,7 +212,7 @@ async def execute_run(ctx: RunContext) -> RunState:
             # Pause / stop requests take effect at step boundaries, as they stand when served.
             checkpointed = checkpoint_step >= step - 1
             served = await store.change_run(run_id, partial(serve_request, checkpointed=checkpointed))
-            if not served and await store.desired(run_id) == "pause":
+            if not served and not checkpointed and await store.desired(run_id) == "pause":
                 checkpoint_step = await save_checkpoint(ctx, step - 1)
                 served = await store.change_run(run_id, serve_request)  # unless withdrawn meanwhile
             if served:

@@ -107,8 +107,8 @@ class RunStore:
         await self.r.hset(self._key(run_id), mapping={k: _encode(v) for k, v in fields.items()})
 
     async def set_state(self, run_id: str, state: RunState, reason: str = "") -> None:
-        await self.update_run(run_id, **state_change(state, reason))
-        await self.add_event(run_id, "state", {"state": state.value, "reason": reason})
+        """Records `state` whatever the run's state was, with its event."""
+        await self.change_run(run_id, lambda run: state_change(state, reason))
 
     async def change_run(self, run_id: str, decide: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
         """Reads the run and writes the fields `decide(run)` returns, in one optimistic transaction: if
