@@ -15,10 +15,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.config_files import read_config_file
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT
+from services.common.maze import Cell, num_cells_per_side, parse_cell
 from services.coordinator.advantages import Normalize, PathCredit
-from services.env.errors import EnvError
-from services.env.maze import Cell, num_cells_per_side
-from services.env.spec import cell_option
 
 # Which episodes hindsight replays (services/coordinator/hindsight.py).
 Replayed = Literal["failed", "solved", "both"]
@@ -49,19 +47,21 @@ class EnvSettings(_Strict):
         if self.random_start > 0:
             if "start" in self.options:
                 raise ValueError("env.random_start draws the start cell: it cannot be combined with env.options.start")
-            try:
-                self.goal_cell()
-            except EnvError as error:
-                raise ValueError(error.message) from None
+            self.goal_cell()  # a ValueError saying what is wrong with env.options.goal
         return self
 
     def spec_options(self) -> dict[str, str]:
         return {"size": str(self.size), **self.options}
 
     def goal_cell(self) -> Cell:
-        """The goal as the maze env reads `options.goal` (its `cell_option`), else the bottom-right cell."""
+        """The goal as the maze env reads `options.goal`, else the bottom-right cell."""
         side = num_cells_per_side(self.size)
-        return cell_option(self.options, "goal", (side - 1, side - 1), side, "env")
+        if "goal" not in self.options:
+            return side - 1, side - 1
+        try:
+            return parse_cell(self.options["goal"], side)
+        except ValueError as error:
+            raise ValueError(f"env.options.goal: {error}") from None
 
 
 class SamplingSettings(_Strict):

@@ -28,6 +28,7 @@ from typing import Any
 
 from mmrl.v1 import env_pb2, learner_pb2, rollout_pb2
 from services.common.conversation import ChatTokens, Tokenizer
+from services.common.maze import TRAIN_SEED_LIMIT, num_cells_per_side  # training seeds are drawn below it
 from services.common.trajectory import Trajectory
 from services.coordinator import hindsight
 from services.coordinator.advantages import (
@@ -48,8 +49,6 @@ from services.coordinator.config import EnvSettings, RunConfig
 from services.coordinator.episodes import EpisodeResult, Sampling, Timers, play_episodes
 from services.coordinator.evaluation import EvalPlan, episode_record, run_eval
 from services.coordinator.store import RunState, RunStore, state_change
-from services.env.evalset import TRAIN_SEED_LIMIT  # training maze seeds are drawn below it
-from services.env.maze import num_cells_per_side
 
 log = logging.getLogger("mmrl.coordinator.runloop")
 

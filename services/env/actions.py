@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import cast
 
-from services.env.maze import DIRECTIONS, STOP, Action
+from services.common.maze import DIRECTIONS, STOP, Action
 
 ACTIONS: tuple[str, ...] = (*DIRECTIONS, STOP)
 SYNONYMS: dict[str, Action] = {"north": "up", "south": "down", "west": "left", "east": "right"}

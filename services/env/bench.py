@@ -36,9 +36,9 @@ from typing import Any
 
 from mmrl.v1 import env_pb2, env_pb2_grpc
 from services.common.grpc_server import channel
+from services.common.maze import generate_maze
 from services.env.config import EnvConfig
 from services.env.environment import MazeEnv
-from services.env.maze import generate_maze
 from services.env.render import MazeRenderer, encode_png
 from services.env.spec import EpisodeSpec
 

@@ -15,7 +15,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.config_files import read_config_file
-from services.env.maze import MIN_SIZE
+from services.common.maze import MIN_SIZE
 from services.env.render import frame_side
 
 

@@ -15,11 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from services.common.maze import generate_maze
+from services.common.messages import shown
 from services.env.config import EnvConfig
 from services.env.episode import Episode
-from services.env.errors import EnvError, ErrorCode, invalid, shown
+from services.env.errors import EnvError, ErrorCode, invalid
 from services.env.evalset import EvalSet, get_eval_set
-from services.env.maze import generate_maze
 from services.env.render import MazeRenderer
 from services.env.spec import EpisodeSettings, SpecLike, parse_spec
 from services.env.store import EpisodeStore

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.common.maze import STOP, Cell, Maze, optimal_action
 from services.env.actions import parse_action
-from services.env.maze import STOP, Cell, Maze, optimal_action
 from services.env.render import MazeRenderer
 from services.env.spec import EpisodeSettings
 

@@ -27,10 +27,3 @@ class EnvError(Exception):
 
 def invalid(field: str, problem: str) -> EnvError:
     return EnvError(ErrorCode.INVALID_ARGUMENT, f"{field}: {problem}")
-
-
-def shown(text: str, limit: int = 64) -> str:
-    """`text` quoted for an error message, cut to `limit` characters (a request may send megabytes)."""
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit]!r}... ({len(text)} characters)"

@@ -1,8 +1,7 @@
 """Fixed, versioned evaluation sets and the seed ranges that keep training away from them.
 
-Seed ranges (the contract with training code):
-  [0, TRAIN_SEED_LIMIT) = [0, 1_000_000)          training seeds are drawn from here;
-  [EVAL_SEED_MIN, EVAL_SEED_MAX) = [1e6, 2e6)      reserved for eval sets: `is_eval_seed(seed)`.
+Every set's seeds lie in the range `services/common/maze.py` reserves for eval sets
+([EVAL_SEED_MIN, EVAL_SEED_MAX) = [1e6, 2e6), `is_eval_seed`); training draws below TRAIN_SEED_LIMIT.
 Eval set "maze-easy-64" v1 (the default): seeds 1_000_000 + i for i in 0..63, size 9 (4x4 cells),
 max_moves 20, default start/goal. "maze-hard-64" v1: seeds 1_100_000 + i, size 11 (5x5 cells),
 max_moves 32.
@@ -20,19 +19,11 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from services.common.maze import generate_maze, is_eval_seed
 from services.env.config import EnvConfig
-from services.env.maze import generate_maze
 from services.env.spec import EpisodeSpec, parse_spec
 
-TRAIN_SEED_LIMIT = 1_000_000
-EVAL_SEED_MIN = 1_000_000
-EVAL_SEED_MAX = 2_000_000
 DEFAULT_EVAL_SET = "maze-easy-64"
-
-
-def is_eval_seed(seed: int) -> bool:
-    """Whether `seed` lies in the range reserved for eval sets (training must not use it)."""
-    return EVAL_SEED_MIN <= seed < EVAL_SEED_MAX
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import zlib
 
 import numpy as np
 
-from services.env.maze import Cell, Maze
+from services.common.maze import Cell, Maze
 
 # Palette indices and their RGB colours.
 FLOOR, WALL, GOAL, AGENT, PADDING = range(5)

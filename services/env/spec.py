@@ -15,20 +15,19 @@ silently play a different task).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from services.common.maze import Cell, num_cells_per_side, parse_cell
+from services.common.messages import shown
 from services.env.config import EnvConfig
-from services.env.errors import invalid, shown
-from services.env.maze import Cell, num_cells_per_side
+from services.env.errors import invalid
 from services.env.render import frame_side
 
 MAX_SEED = 2**53
 OPTIONS = ("goal", "require_stop", "size", "start", "unit_px")
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
-_CELL = re.compile(r"^\s*\(?\s*(\d{1,9})\s*,\s*(\d{1,9})\s*\)?\s*$")  # 9 digits: int() never refuses
 
 
 class SpecLike(Protocol):
@@ -84,13 +83,10 @@ def cell_option(options: Mapping[str, str], name: str, default: Cell, n: int, wh
     text = options.get(name)
     if text is None:
         return default
-    match = _CELL.match(text)
-    if match is None:
-        raise invalid(f"{where}.options.{name}", f"must be a cell 'row,col', got {shown(text)}")
-    cell = (int(match.group(1)), int(match.group(2)))
-    if not (cell[0] < n and cell[1] < n):
-        raise invalid(f"{where}.options.{name}", f"cell {shown(text)} is outside the {n}x{n} cells")
-    return cell
+    try:
+        return parse_cell(text, n)
+    except ValueError as error:
+        raise invalid(f"{where}.options.{name}", str(error)) from None
 
 
 def parse_spec(spec: SpecLike, config: EnvConfig, where: str = "spec") -> EpisodeSettings:

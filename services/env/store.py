@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from services.env.errors import shown
+from services.common.messages import shown
 
 T = TypeVar("T")
 

@@ -45,9 +45,13 @@ from services.common.conversation import (
     TokenConversation,
     expand_image_placeholders,
 )
+from services.common.maze import (  # seeds at or above TRAIN_SEED_LIMIT are reserved for eval sets
+    DIRECTIONS,
+    TRAIN_SEED_LIMIT,
+    generate_maze,
+    num_cells_per_side,
+)
 from services.common.trajectory import Trajectory
-from services.env.evalset import TRAIN_SEED_LIMIT  # seeds at or above it are reserved for eval sets
-from services.env.maze import DIRECTIONS, generate_maze, num_cells_per_side
 from services.learner.batch import ModelSpec, collate, decode_image, prepare_batch
 from services.learner.policy import load_base_model, load_processor, token_logprobs
 from services.learner.trainer import micro_batches

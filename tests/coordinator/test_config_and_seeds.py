@@ -82,7 +82,8 @@ def test_the_seeds_of_a_step_are_a_pure_function_of_run_seed_and_step() -> None:
 
 
 def test_training_seeds_never_touch_the_eval_sets() -> None:
-    from services.env.evalset import RECIPES, get_eval_set, is_eval_seed
+    from services.common.maze import is_eval_seed
+    from services.env.evalset import RECIPES, get_eval_set
 
     eval_seeds = {spec.seed for name in RECIPES for spec in get_eval_set(name).specs}
     assert TRAIN_SEED_LIMIT <= min(eval_seeds)

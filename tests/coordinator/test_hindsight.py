@@ -7,12 +7,12 @@ import pytest
 
 from mmrl.v1 import env_pb2
 from services.common.conversation import TokenConversation, expand_image_placeholders
+from services.common.maze import DIRECTIONS, generate_maze, solve
 from services.common.trajectory import Trajectory
 from services.coordinator import hindsight, runloop
 from services.coordinator.clients import Services
 from services.coordinator.config import Replayed
 from services.coordinator.episodes import EpisodeResult, Timers, observation_key
-from services.env.maze import DIRECTIONS, generate_maze, solve
 from tests.coordinator.chat import CHAT, CharTokenizer
 
 TOKENS_PER_IMAGE = 3

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from services.common.maze import solve
 from services.env.config import EnvConfig
 from services.env.environment import MazeEnv
 from services.env.errors import EnvError, ErrorCode
-from services.env.maze import solve
 from services.env.spec import EpisodeSpec
 
 

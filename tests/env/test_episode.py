@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.maze import DIRECTIONS, Maze, generate_maze, solve
 from services.env.config import EnvConfig
 from services.env.episode import Episode, EpisodeFinishedError
-from services.env.maze import DIRECTIONS, Maze, generate_maze, solve
 from services.env.render import MazeRenderer
 from services.env.spec import EpisodeSpec, parse_spec
 

@@ -6,16 +6,8 @@ import dataclasses
 
 import pytest
 
-from services.env.evalset import (
-    DEFAULT_EVAL_SET,
-    EVAL_SEED_MAX,
-    EVAL_SEED_MIN,
-    RECIPES,
-    TRAIN_SEED_LIMIT,
-    content_hash,
-    get_eval_set,
-    is_eval_seed,
-)
+from services.common.maze import EVAL_SEED_MAX, EVAL_SEED_MIN, TRAIN_SEED_LIMIT, is_eval_seed
+from services.env.evalset import DEFAULT_EVAL_SET, RECIPES, content_hash, get_eval_set
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))

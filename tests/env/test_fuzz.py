@@ -9,10 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from services.common.maze import Cell, generate_maze
 from services.env.actions import ACTIONS, parse_action
 from services.env.config import EnvConfig
 from services.env.episode import Episode
-from services.env.maze import Cell, generate_maze
 from services.env.render import AGENT, MazeRenderer
 from services.env.spec import EpisodeSettings, EpisodeSpec, parse_spec
 

@@ -7,8 +7,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from services.env.evalset import get_eval_set
-from services.env.maze import (
+from services.common.maze import (
     DIRECTIONS,
     Maze,
     generate_maze,
@@ -17,6 +16,7 @@ from services.env.maze import (
     optimal_moves,
     solve,
 )
+from services.env.evalset import get_eval_set
 
 SIZES = (5, 7, 9, 11, 15, 21, 51)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from services.env.maze import generate_maze
+from services.common.maze import generate_maze
 from services.env.render import (
     AGENT,
     COLOURS,

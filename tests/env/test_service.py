@@ -14,10 +14,10 @@ from PIL import Image
 
 from mmrl.v1 import env_pb2, env_pb2_grpc
 from services.common.grpc_server import RunningServer, channel, start_server
+from services.common.maze import generate_maze, solve
 from services.env.config import EnvConfig
 from services.env.environment import MazeEnv
 from services.env.evalset import RECIPES
-from services.env.maze import generate_maze, solve
 from services.env.render import MazeRenderer
 from services.env.servicer import SERVICE_NAME, EnvServicer
 

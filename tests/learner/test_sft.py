@@ -37,7 +37,7 @@ def _with_env_service(work: Callable[[str], T]) -> T:
 
 
 def test_sft_data_can_never_reach_the_eval_seed_range() -> None:
-    from services.env.evalset import is_eval_seed
+    from services.common.maze import is_eval_seed
 
     with pytest.raises(ValidationError, match="eval"):
         SftConfig(base_model="m", out="o", first_seed=999_990, num_mazes=20)

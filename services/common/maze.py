@@ -15,16 +15,26 @@ content hash (`evalset.py`) pins this; changing generation changes that hash and
 
 Solver: BFS distances to the goal are computed once per maze (`Maze.distance`); `solve` gives the
 optimal action sequence, `optimal_action` the optimal next action from any cell.
+
+Seeds (the contract that keeps training away from the eval sets of `services/env/evalset.py`):
+training seeds are drawn from [0, TRAIN_SEED_LIMIT) = [0, 1_000_000); [EVAL_SEED_MIN, EVAL_SEED_MAX)
+= [1e6, 2e6) is reserved for eval sets (`is_eval_seed`).
+
+Shared code: the env serves these mazes, the SFT builds its expert data from them and the coordinator
+checks run configs against these rules; none of them imports another's modules.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from collections import deque
 from dataclasses import dataclass
 from typing import Final, Literal
 
 import numpy as np
+
+from services.common.messages import shown
 
 Cell = tuple[int, int]
 Direction = Literal["up", "down", "left", "right"]
@@ -34,6 +44,26 @@ Action = Literal["up", "down", "left", "right", "stop"]
 DIRECTIONS: dict[Direction, Cell] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 STOP: Final = "stop"
 MIN_SIZE = 5  # 2x2 cells; smaller grids have at most one cell
+TRAIN_SEED_LIMIT = 1_000_000
+EVAL_SEED_MIN = 1_000_000
+EVAL_SEED_MAX = 2_000_000
+_CELL = re.compile(r"^\s*\(?\s*(\d{1,9})\s*,\s*(\d{1,9})\s*\)?\s*$")  # 9 digits: int() never refuses
+
+
+def is_eval_seed(seed: int) -> bool:
+    """Whether `seed` lies in the range reserved for eval sets (training must not use it)."""
+    return EVAL_SEED_MIN <= seed < EVAL_SEED_MAX
+
+
+def parse_cell(text: str, n: int) -> Cell:
+    """The cell written `row,col` (or `(row, col)`) within the n x n cells; ValueError saying what is wrong."""
+    match = _CELL.match(text)
+    if match is None:
+        raise ValueError(f"must be a cell 'row,col', got {shown(text)}")
+    cell = (int(match.group(1)), int(match.group(2)))
+    if not (cell[0] < n and cell[1] < n):
+        raise ValueError(f"cell {shown(text)} is outside the {n}x{n} cells")
+    return cell
 
 
 def num_cells_per_side(size: int) -> int:
