@@ -212,11 +212,17 @@ def prepare_trajectory(traj: Trajectory, spec: ModelSpec, frames: FrameProcessor
         trajectory_id=traj.trajectory_id,
         input_ids=torch.tensor(ids, dtype=torch.long),
         loss_mask=torch.tensor(traj.loss_mask, dtype=torch.float32),
-        rollout_logprobs=torch.tensor(traj.logprobs, dtype=torch.float32),
-        advantages=torch.tensor(traj.advantages, dtype=torch.float32),
+        rollout_logprobs=_on_generated(traj.logprobs, traj.loss_mask),
+        advantages=_on_generated(traj.advantages, traj.loss_mask),
         pixel_values=pixel_values,
         image_grid_thw=grid,
     )
+
+
+def _on_generated(values: Sequence[float], loss_mask: Sequence[int]) -> torch.Tensor:
+    """`values` where the loss mask is 1, else 0: values the contract leaves free (NaN, inf) on
+    positions not trained on must not reach the loss, where 0 x NaN would still be NaN."""
+    return torch.tensor([v if m else 0.0 for v, m in zip(values, loss_mask, strict=True)], dtype=torch.float32)
 
 
 def prepare_batch(

@@ -103,9 +103,11 @@ class LearnerRunConfig(BaseModel):
         """Parses ConfigureRun's config_json ("" or "{}" means all defaults); raises ValueError."""
         return cls.model_validate_json(text.strip() or "{}")
 
-    def adapter_shape_fields(self) -> dict[str, object]:
-        """The settings that fix the adapter's tensors (a checkpoint only loads when they agree)."""
-        return {"lora_rank": self.lora_rank, "lora_target_modules": self.lora_target_modules}
+    def adapter_fields(self) -> dict[str, object]:
+        """The settings that fix the adapter's tensors and what they compute (its scale alpha / r): a
+        checkpoint only loads when they agree, else the restored policy would not be the saved one."""
+        return {"lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha,
+                "lora_target_modules": self.lora_target_modules}
 
 
 class LearnerSettings(BaseSettings):

@@ -213,10 +213,14 @@ class LearnerDriver:
 
     def _check_compatible(self, directory: Path, run_id: str, config: LearnerRunConfig) -> None:
         _verify(directory)
-        saved = ckpt.load_trainer_state(directory)
+        try:
+            saved = ckpt.load_trainer_state(directory)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # e.g. an adapter version's directory
+            raise StateError(f"{directory} is not a learner checkpoint: its {ckpt.TRAINER_STATE} cannot be "
+                             f"read ({type(exc).__name__}: {exc})") from exc
         if saved.run_id != run_id:
             raise StateError(f"checkpoint {directory} belongs to run {saved.run_id!r}, not {run_id!r}")
-        wanted = config.adapter_shape_fields()
+        wanted = config.adapter_fields()
         have = {k: saved.config.get(k) for k in wanted}
         if have != wanted:
             raise StateError(

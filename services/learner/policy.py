@@ -88,6 +88,7 @@ def add_lora(model: Any, config: LearnerRunConfig) -> Any:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         peft_model = get_peft_model(model, lora, adapter_name=ADAPTER_NAME)
+    peft_model.eval()  # peft builds its dropout layers in training mode; the trainer switches them on
     for name, param in peft_model.named_parameters():
         if param.requires_grad:
             assert "lora_" in name, f"only LoRA weights may train, not {name}"

@@ -132,6 +132,23 @@ def test_collate_right_pads_and_gathers_only_generated_positions(
     assert batch.pixel_values is not None and batch.pixel_values.shape[0] == 6 * 100
 
 
+def test_values_on_positions_not_trained_on_never_reach_the_loss(
+    trajectories: list[Trajectory], spec: ModelSpec, frames: FrameProcessor
+) -> None:
+    # The contract asks for finite values only where loss_mask is 1; a micro-batch gathers every column
+    # some row generates at, and 0 x NaN in the loss is still NaN.
+    traj = trajectories[0]
+    untrained = [i for i, m in enumerate(traj.loss_mask) if not m]
+    advantages, logprobs = list(traj.advantages), list(traj.logprobs)
+    for i in untrained:
+        advantages[i], logprobs[i] = float("nan"), float("-inf")
+    odd = dataclasses.replace(traj, advantages=tuple(advantages), logprobs=tuple(logprobs))
+    (clean, prepared) = prepare_batch([traj, odd], spec, frames)
+    assert torch.isfinite(prepared.advantages).all() and torch.isfinite(prepared.rollout_logprobs).all()
+    assert torch.equal(prepared.advantages, clean.advantages)
+    assert torch.equal(prepared.rollout_logprobs, clean.rollout_logprobs)
+
+
 def test_frame_processor_gives_the_tensors_of_processing_a_trajectorys_frames_together(
     tiny_model_dir: Path,
 ) -> None:

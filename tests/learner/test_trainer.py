@@ -157,19 +157,20 @@ def test_truncated_importance_sampling_reports_its_mean_weight(
 def test_checkpoint_then_restart_gives_the_same_next_step_as_an_uninterrupted_run(
     make_driver: Callable[..., Any], trajectories: list[Trajectory], tmp_path: Any
 ) -> None:
-    # Dropout on the LoRA input makes the step depend on the restored random generator state.
-    config = {"lora_dropout": 0.3, "weight_decay": 0.1, "warmup_steps": 3}
+    # Dropout on the LoRA input makes the step depend on the restored random generator state; with two
+    # mini-batches the old-policy pass comes first, and it runs without dropout after a restart too.
+    config = {"lora_dropout": 0.3, "weight_decay": 0.1, "warmup_steps": 3, "num_minibatches": 2}
     uninterrupted = _configure(make_driver, **config)
     for _ in range(2):
         uninterrupted.train_step("run", trajectories)
     step, path, _ = uninterrupted.save_checkpoint("run")
-    assert step == 2 and path.name == "step_000002"
+    assert step == 4 and path.name == "step_000004"  # two optimiser steps per TrainStep
     expected = uninterrupted.train_step("run", trajectories).metrics
     expected_adapter = adapter_weights(uninterrupted)
 
     restarted = make_driver()  # a fresh learner on the same shared storage
     state = restarted.configure("run", json.dumps({**FAST, **config}))
-    assert state.step == 2 and state.restored_from == str(path)
+    assert state.step == 4 and state.restored_from == str(path)
     resumed = restarted.train_step("run", trajectories).metrics
     for key in ("train/loss", "train/grad_norm", "train/learning_rate", "train/entropy"):
         assert resumed[key] == expected[key], key
@@ -278,3 +279,21 @@ def test_the_rollout_check_compares_the_learners_logprobs_also_when_the_rollouts
     assert split.metrics["train/logprob_abs_diff_vs_rollout"] == pytest.approx(
         alone["train/logprob_abs_diff_vs_rollout"], rel=1e-5
     )
+
+
+def test_a_checkpoint_is_restored_only_under_the_adapter_settings_it_was_trained_with(
+    make_driver: Callable[..., Any], trajectories: list[Trajectory]
+) -> None:
+    from services.learner.driver import StateError
+
+    driver = _configure(make_driver)
+    driver.train_step("run", trajectories[:2])
+    _, path, _ = driver.save_checkpoint("run")
+    # Same rank and targets, another scale: the tensors would fit but compute another policy.
+    with pytest.raises(StateError, match="'lora_alpha': 32.*asks for .*'lora_alpha': 64"):
+        make_driver().configure("run", json.dumps({**FAST, "lora_alpha": 64}))
+    # A directory with a valid manifest that is not a checkpoint (an adapter version) is refused as such.
+    adapter_dir = driver.publish("run").path
+    with pytest.raises(StateError, match=r"is not a learner checkpoint: its trainer_state.json cannot be read"):
+        driver.load_checkpoint("run", str(adapter_dir))
+    assert driver.load_checkpoint("run", str(path)).step == 1
