@@ -67,7 +67,7 @@ class EnvSettings(_Strict):
 class SamplingSettings(_Strict):
     """How actions are sampled during training."""
 
-    temperature: float = Field(1.0, ge=0.0, le=5.0, description="Sampling temperature (0 = greedy).")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature (0 = greedy; at most 2, vLLM's bound).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     max_tokens: int = Field(8, ge=1, le=4096, description="Token budget of one action.")
 
@@ -207,7 +207,7 @@ class EvalSettings(_Strict):
     eval_set: str = Field("", description="Eval set name ('' = the environment's default set).")
     max_tasks: int = Field(0, ge=0, description="Evaluate only the first N tasks of the set (0 = all).")
     sampled_samples: int = Field(4, ge=0, le=64, description="Sampled episodes per maze (0 = skip).")
-    sampled_temperature: float = Field(1.0, gt=0.0, le=5.0, description="Temperature of sampled eval.")
+    sampled_temperature: float = Field(1.0, gt=0.0, le=2.0, description="Temperature of sampled eval.")
     save_frames: bool = Field(True, description="Write greedy eval episodes' frames to shared storage.")
 
 

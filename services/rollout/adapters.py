@@ -144,6 +144,8 @@ class AdapterRegistry:
             raise InvalidArgument(f"adapter path {path!r} is outside the shared root {self._shared_root}")
         if not source.is_dir():
             raise NotFound(f"adapter directory {source} does not exist")
+        if not (source / storage.MANIFEST).is_file():  # checked before anything is copied
+            raise FailedPrecondition(f"{source} has no {storage.MANIFEST}: not a published adapter version")
         return source
 
     def _check_same(self, existing: LoadedAdapter, source: Path) -> None:
@@ -179,7 +181,7 @@ class AdapterRegistry:
                              version=version)
             await self._engine.add_adapter(ref)
             return LoadedAdapter(run_id, version, source, storage.manifest_sha256(copy), ref)
-        except FileNotFoundError as exc:
+        except (FileNotFoundError, shutil.Error) as exc:  # copytree gathers a vanished file into shutil.Error
             shutil.rmtree(copy, ignore_errors=True)
             raise NotFound(f"adapter directory {source} vanished while loading: {exc}") from exc
         except BaseException:

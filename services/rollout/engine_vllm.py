@@ -6,22 +6,25 @@ processor), checked against the context length and submitted at once, pipelined:
 on the first while later ones are still being rendered, batched with each other and with concurrent
 calls. A request refused at that stage (by the processor, the length check or vLLM's own checks)
 aborts every request of the call, including those already running, and the call raises
-InvalidArgument for the first refused request.
+InvalidArgument for the first refused request. A request the engine itself ends without an answer
+(finish reason `abort` or `error`) fails the call too; no truncated completion is returned as OK.
+A dead engine core is UNAVAILABLE for every method.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from PIL import Image
 
 from services.rollout.config import RolloutConfig
 from services.rollout.engine import AdapterRef, Completion, EngineRequest, EngineResult, ModelInfo, Sampling
-from services.rollout.errors import FailedPrecondition, InvalidArgument, Unavailable
+from services.rollout.errors import FailedPrecondition, InvalidArgument, RolloutError, Unavailable
 
 log = logging.getLogger("mmrl.rollout.engine")
 
@@ -118,7 +121,7 @@ class VllmEngine:
         for index, request in enumerate(requests):
             try:
                 params.append(_sampling_params(request.sampling, self._info.placeholder_token_ids))
-            except ValueError as exc:
+            except Exception as exc:  # ValueError, or vLLM's VLLMValidationError (not a ValueError)
                 raise InvalidArgument(f"requests[{index}].sampling: {exc}") from exc
         call_id = uuid.uuid4().hex[:12]
         tasks = [asyncio.ensure_future(self._generate_one(f"{call_id}-{index}", index, request, p))
@@ -162,6 +165,7 @@ class VllmEngine:
         except VLLMClientError as exc:  # vLLM's own validation of this request
             raise InvalidArgument(f"requests[{index}]: {exc}") from exc
         assert final is not None and final.finished
+        _check_finished(index, final)
         return final
 
     async def _render(self, request: EngineRequest) -> dict[str, Any]:
@@ -172,15 +176,14 @@ class VllmEngine:
         return dict(rendered)
 
     async def add_adapter(self, adapter: AdapterRef) -> None:
-        try:
+        with _dead_engine_is_unavailable(f"loading adapter {adapter.name}"):
             added = await self._llm.add_lora(_lora_request(adapter))
-        except Exception as exc:
-            raise FailedPrecondition(f"vLLM could not load adapter {adapter.name}: {exc}") from exc
         if not added:
             raise FailedPrecondition(f"vLLM refused adapter {adapter.name}")
 
     async def remove_adapter(self, adapter: AdapterRef) -> None:
-        await self._llm.remove_lora(adapter.lora_int_id)
+        with _dead_engine_is_unavailable(f"removing adapter {adapter.name}"):
+            await self._llm.remove_lora(adapter.lora_int_id)
 
     async def loaded_adapter_ids(self) -> set[int]:
         return set(await self._llm.list_loras())
@@ -192,12 +195,14 @@ class VllmEngine:
     async def sleep(self, level: int) -> None:
         if not self._info.sleep_supported:
             raise FailedPrecondition(_NO_SLEEP)
-        await self._llm.sleep(level)
+        with _dead_engine_is_unavailable("Sleep"):
+            await self._llm.sleep(level)
 
     async def wake_up(self) -> None:
         if not self._info.sleep_supported:
             raise FailedPrecondition(_NO_SLEEP)
-        await self._llm.wake_up()
+        with _dead_engine_is_unavailable("WakeUp"):
+            await self._llm.wake_up()
 
     async def shutdown(self) -> None:
         llm, self._llm = self._llm, None
@@ -207,6 +212,38 @@ class VllmEngine:
 
 _NO_SLEEP = ("sleep mode needs a GPU: vLLM's sleep mode offloads weights and frees the KV cache in "
              "accelerator memory, and this engine runs on the CPU backend")
+
+
+def _is_engine_dead(error: BaseException) -> bool:
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    return isinstance(error, EngineDeadError)
+
+
+@contextlib.contextmanager
+def _dead_engine_is_unavailable(what: str) -> Iterator[None]:
+    """A dead engine core becomes UNAVAILABLE (the status a caller retries or restarts on); any other
+    engine error while `what` is a FAILED_PRECONDITION naming it."""
+    try:
+        yield
+    except RolloutError:
+        raise
+    except Exception as exc:
+        if _is_engine_dead(exc):
+            raise Unavailable(f"the vLLM engine has died ({what}); the service must be restarted") from exc
+        raise FailedPrecondition(f"vLLM failed at {what}: {exc}") from exc
+
+
+def _check_finished(index: int, output: Any) -> None:
+    """vLLM ends a request it aborted (engine put to sleep or shutting down) or failed with a finish
+    reason instead of an exception, and with whatever tokens it had; those are not answers."""
+    for completion in output.outputs:
+        reason = str(completion.finish_reason)
+        if reason == "abort":
+            raise Unavailable(f"requests[{index}]: the engine aborted the generation after "
+                              f"{len(completion.token_ids)} tokens (sleep or shutdown); retry the call")
+        if reason == "error":
+            raise RolloutError(f"requests[{index}]: the engine failed the generation (finish reason error)")
 
 
 def _placeholder_token_ids(hf_config: Any) -> tuple[int, ...]:

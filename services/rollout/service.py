@@ -3,6 +3,10 @@
 A refused call is answered with `context.abort(code, message)` (see `errors.py`) and changes
 nothing; the server keeps serving. Health (`grpc.health.v1`) says NOT_SERVING until the engine has
 started and warmed up, and again as soon as a background probe finds the engine dead or unresponsive.
+
+Sleep and Generate never overlap: from the moment a Sleep arrives, new Generate calls are refused
+(FAILED_PRECONDITION) and the Sleep waits for the calls already running to finish, since vLLM's sleep
+would abort them.
 """
 
 from __future__ import annotations
@@ -59,7 +63,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def __init__(self, config: RolloutConfig) -> None:
         self.config = config
         self._ready: Ready | None = None
-        self._asleep = False
+        self._asleep = False  # asleep, or a Sleep is waiting for the running Generate calls or the engine
+        self._generating = 0  # Generate calls in the engine
+        self._generate_done = asyncio.Condition()
 
     def attach(self, engine: Engine, adapters: AdapterRegistry) -> None:
         self._ready = Ready(engine, adapters)
@@ -82,10 +88,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         parsed, keys = parse_requests(request.requests, ready.engine.info, self.config.max_requests_per_call,
                                       self.config.limit_images_per_prompt)
         refs = ready.adapters.acquire(keys)
+        self._generating += 1
         try:
             results = await ready.engine.generate(
                 [replace(r, adapter=ref) for r, ref in zip(parsed, refs, strict=True)])
         finally:
+            self._generating -= 1
+            async with self._generate_done:
+                self._generate_done.notify_all()
             await ready.adapters.release(refs)
         response = rollout_pb2.GenerateResponse()
         for result, ref in zip(results, refs, strict=True):
@@ -123,9 +133,22 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         if request.level not in (0, 1):
             raise InvalidArgument(f"sleep level must be 1 (0 means 1), got {request.level}: level 2 discards the "
                                   "weights and WakeUp does not reload them")
-        if not self._asleep:  # again while asleep: nothing to do
+        if self._asleep:  # again while asleep: nothing to do
+            return rollout_pb2.SleepResponse()
+        self._asleep = True  # refuses new Generate calls from here on
+        try:
+            async with self._generate_done:
+                await self._generate_done.wait_for(lambda: self._generating == 0)
+        except BaseException:  # cancelled while waiting: the engine was not touched
+            self._asleep = False
+            raise
+        try:
             await ready.engine.sleep(1)
-            self._asleep = True
+        except RolloutError:  # refused (e.g. no sleep mode on CPU): nothing changed
+            self._asleep = False
+            raise
+        # Any other failure or a cancellation leaves the engine possibly asleep: it stays marked asleep,
+        # and WakeUp wakes it (waking an engine that is awake does nothing).
         return rollout_pb2.SleepResponse()
 
     @_status_on_error

@@ -8,6 +8,7 @@ The engine checks the prompt length again after image expansion.
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from services.rollout.engine import EngineRequest, ModelInfo, Sampling
 from services.rollout.errors import InvalidArgument
 
 MAX_SAMPLES_PER_REQUEST = 256
+MAX_TEMPERATURE = 2.0  # vLLM's bound
 
 
 @dataclass(frozen=True)
@@ -47,9 +49,12 @@ def parse_requests(
 
 
 def parse_sampling(p: rollout_pb2.SamplingParams, info: ModelInfo, where: str) -> Sampling:
-    """The proto's sampling parameters with zero meaning default (see rollout.proto)."""
-    if p.temperature < 0:
-        raise InvalidArgument(f"{where}.sampling.temperature must be >= 0 (0 = greedy), got {p.temperature}")
+    """The proto's sampling parameters with zero meaning default (see rollout.proto). Also refuses what
+    the engine would refuse (greedy with several samples, an empty stop string), so every engine gives
+    the same INVALID_ARGUMENT."""
+    if not (math.isfinite(p.temperature) and 0 <= p.temperature <= MAX_TEMPERATURE):
+        raise InvalidArgument(f"{where}.sampling.temperature must be in [0, {MAX_TEMPERATURE:g}] (0 = greedy), "
+                              f"got {p.temperature}")
     if not 0 <= p.top_p <= 1:
         raise InvalidArgument(f"{where}.sampling.top_p must be in [0, 1] (0 = no truncation), got {p.top_p}")
     if p.top_k < 0:
@@ -58,6 +63,11 @@ def parse_sampling(p: rollout_pb2.SamplingParams, info: ModelInfo, where: str) -
         raise InvalidArgument(f"{where}.sampling.max_tokens must be >= 1, got {p.max_tokens}")
     if not 0 <= p.n <= MAX_SAMPLES_PER_REQUEST:
         raise InvalidArgument(f"{where}.sampling.n must be in [0, {MAX_SAMPLES_PER_REQUEST}], got {p.n}")
+    if p.temperature == 0 and p.n > 1:
+        raise InvalidArgument(f"{where}.sampling.n must be 1 (or 0) when temperature is 0: greedy decoding "
+                              f"gives one answer, got n={p.n}")
+    if any(not stop for stop in p.stop):
+        raise InvalidArgument(f"{where}.sampling.stop: a stop string cannot be empty")
     for token in p.stop_token_ids:
         if not 0 <= token < info.vocab_size:
             raise InvalidArgument(f"{where}.sampling.stop_token_ids: {token} is outside the vocabulary "

@@ -30,6 +30,14 @@ def test_overrides_use_dotted_keys_and_are_validated() -> None:
         load_run_config(ROOT / "configs" / "maze-tiny-cpu.yaml", {"env.size": 10})
 
 
+def test_temperatures_the_rollout_engine_would_refuse_are_refused_when_the_run_is_created() -> None:
+    assert RunConfig.model_validate({"model": "m", "sampling": {"temperature": 2.0}}).sampling.temperature == 2.0
+    with pytest.raises(ValidationError, match="sampling.temperature"):
+        RunConfig.model_validate({"model": "m", "sampling": {"temperature": 3.0}})
+    with pytest.raises(ValidationError, match="eval.sampled_temperature"):
+        RunConfig.model_validate({"model": "m", "eval": {"sampled_temperature": 2.5}})
+
+
 def test_unknown_keys_are_refused() -> None:
     with pytest.raises(ValidationError, match="extra"):
         RunConfig.model_validate({"model": "m", "grpo": {"group_sise": 4}})

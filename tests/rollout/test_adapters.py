@@ -84,6 +84,15 @@ async def test_a_missing_directory_is_not_found(registry: AdapterRegistry, share
         await registry.load("run", 9, "")
 
 
+async def test_a_directory_without_a_manifest_is_refused_before_anything_is_copied(
+        registry: AdapterRegistry, shared: Path, tmp_path: Path) -> None:
+    publish(shared, "run", 1)
+    with pytest.raises(FailedPrecondition, match="runs/run has no manifest.json: not a published adapter"):
+        await registry.load("run", 1, "runs/run")  # the whole run, not one of its versions
+    assert list((tmp_path / "cache").iterdir()) == []
+    assert _loaded(registry) == []
+
+
 async def test_a_tampered_adapter_is_refused_and_the_previous_version_stays_loaded(
         registry: AdapterRegistry, engine: FakeEngine, shared: Path, tmp_path: Path) -> None:
     publish(shared, "run", 1)

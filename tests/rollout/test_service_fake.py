@@ -63,7 +63,7 @@ async def _status(service: Service, name: str = SERVICE_NAME) -> int:
 def _request(version: int = 0, run_id: str = "", max_tokens: int = 3) -> rollout_pb2.GenerationRequest:
     return rollout_pb2.GenerationRequest(
         prompt_token_ids=[1, 2, IMAGE_TOKEN, 3], images=[common_pb2.Image(data=frame_png(1), mime_type="image/png")],
-        sampling=rollout_pb2.SamplingParams(max_tokens=max_tokens, n=2), adapter_run_id=run_id,
+        sampling=rollout_pb2.SamplingParams(temperature=1.0, max_tokens=max_tokens, n=2), adapter_run_id=run_id,
         adapter_version=version)
 
 
@@ -213,3 +213,21 @@ async def test_a_failed_unload_of_a_retired_adapter_still_returns_the_results(se
     reply = await call
     assert [r.adapter_version for r in reply.results] == [1, 2]
     assert sorted(ref.version for ref in service.engine.adapters.values()) == [1, 3, 4]  # v2 unloaded all the same
+
+
+async def test_a_sleep_waits_for_running_generate_calls_and_refuses_new_ones(service: Service) -> None:
+    service.engine = FakeEngine(sleep_supported=True)
+    await _attach(service)
+    service.engine.hold = asyncio.Event()
+    running = asyncio.ensure_future(service.stub.Generate(rollout_pb2.GenerateRequest(requests=[_request()])))
+    while not service.engine.calls:
+        await asyncio.sleep(0.01)
+    sleeping = asyncio.ensure_future(service.stub.Sleep(rollout_pb2.SleepRequest()))
+    await asyncio.sleep(0.1)
+    assert not sleeping.done() and service.engine.sleep_levels == []  # vLLM's sleep would abort the call
+    assert await _code(service.stub.Generate(rollout_pb2.GenerateRequest(requests=[_request()]))) \
+        == grpc.StatusCode.FAILED_PRECONDITION
+    service.engine.hold.set()
+    assert len((await running).results) == 1
+    await sleeping
+    assert service.engine.sleep_levels == [1]

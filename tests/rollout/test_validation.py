@@ -70,7 +70,10 @@ def test_a_prompt_longer_than_the_context_is_refused() -> None:
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
-    ("temperature", -0.5, "temperature must be >= 0"),
+    ("temperature", -0.5, r"temperature must be in \[0, 2\]"),
+    ("temperature", 2.5, r"temperature must be in \[0, 2\]"),
+    ("temperature", float("nan"), r"temperature must be in \[0, 2\]"),
+    ("temperature", float("inf"), r"temperature must be in \[0, 2\]"),
     ("top_p", 1.5, "top_p must be in"),
     ("top_k", -2, "top_k must be >= 0"),
     ("max_tokens", 0, "max_tokens must be >= 1"),
@@ -79,6 +82,16 @@ def test_a_prompt_longer_than_the_context_is_refused() -> None:
 def test_bad_sampling_parameters_are_refused(field: str, value: object, message: str) -> None:
     with pytest.raises(InvalidArgument, match=rf"requests\[0\]\.sampling\.{message}"):
         _parse(_request(**{field: value}))
+
+
+def test_greedy_sampling_asks_for_one_sample_and_stop_strings_are_not_empty() -> None:
+    with pytest.raises(InvalidArgument, match=r"requests\[0\]\.sampling\.n must be 1 \(or 0\) when temperature is 0"):
+        _parse(_request(temperature=0.0, n=4))
+    assert _parse(_request(temperature=0.0, n=1))[0][0].sampling.n == 1
+    request = _request()
+    request.sampling.stop.extend(["\n", ""])
+    with pytest.raises(InvalidArgument, match=r"requests\[0\]\.sampling\.stop: a stop string cannot be empty"):
+        _parse(request)
 
 
 def test_stop_token_ids_must_be_in_the_vocabulary() -> None:
