@@ -75,3 +75,18 @@ def test_runs_an_earlier_demo_left_active_are_stopped_before_a_new_one(monkeypat
     api = Listing([])
     demo.stop_left_running(api)  # type: ignore[arg-type]
     assert api.posted == ["GET /v1/runs", "POST /v1/runs/r-pending/stop", "POST /v1/runs/r-running/stop"]
+
+
+def test_a_bad_run_config_is_refused_before_the_sft_runs(monkeypatch, tmp_path) -> None:
+    def no_sft(*args: Any) -> Any:
+        raise AssertionError("the SFT ran before the run config was checked")
+
+    monkeypatch.setattr(demo, "sft_checkpoint", no_sft)
+    monkeypatch.setattr(demo, "ensure_tiny_model", lambda path: tmp_path)
+    for bad in (["--set", "grpo.group_sise=4"], ["--steps", "0"]):
+        try:
+            demo.main(["--state-dir", str(tmp_path), "--out", str(tmp_path / "out"), *bad])
+        except SystemExit as stop:
+            assert "invalid run config" in str(stop.code), bad
+        else:
+            raise AssertionError(f"{bad} was accepted")

@@ -18,3 +18,46 @@ def test_a_negative_sample_count_is_refused(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(SystemExit, match="--samples -1: must be 0 or more"):
         eval_cli.main(["--model", str(tmp_path), "--samples", "-1"])
+
+
+@pytest.fixture
+def no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starting a service fails the test: these arguments must be refused before."""
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a service was started")
+
+    monkeypatch.setattr(eval_cli.Stack, "start", refuse)
+
+
+@pytest.mark.parametrize("seeds", ["5-3", "abc", "7"])
+def test_a_bad_seed_range_is_refused_before_any_service_starts(tmp_path: Path, no_stack: None, seeds: str) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match="--seeds expects A-B with A <= B"):
+        eval_cli.main(["--model", str(tmp_path), "--seeds", seeds])
+
+
+def test_more_episodes_than_the_env_takes_at_once_are_refused(tmp_path: Path, no_stack: None) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match="plays 4608 episodes at once; at most 4096"):
+        eval_cli.main(["--model", str(tmp_path), "--seeds", "0-511", "--samples", "8"])
+
+
+def test_an_adapter_without_a_readable_rank_is_refused(tmp_path: Path, no_stack: None) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"w")
+    (adapter / "adapter_config.json").write_text('{"r": "big"}')
+    with pytest.raises(SystemExit, match="must be a readable object with an integer 'r'"):
+        eval_cli.main(["--model", str(tmp_path), "--adapter", str(adapter)])
+
+
+def test_the_rollout_service_is_started_with_slots_for_the_adapters_rank(tmp_path: Path) -> None:
+    from mmrl.cli.stack import Stack, StackConfig
+
+    def rollout_flags(rank: int) -> list[str]:
+        command = Stack(StackConfig(model=tmp_path, lora_rank=rank)).command("rollout")
+        return command[command.index("--max-lora-rank"):][:2] if "--max-lora-rank" in command else []
+
+    assert rollout_flags(0) == [] and rollout_flags(16) == []  # the service's default holds them
+    assert rollout_flags(24) == ["--max-lora-rank", "32"] and rollout_flags(64) == ["--max-lora-rank", "64"]

@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from mmrl.cli.run import load_config_dict, parse_overrides, watch
+from mmrl.cli.run import load_config_dict, parse_overrides, stop_left_running, watch
 from mmrl.cli.stack import Stack, StackConfig
 from mmrl.cli.up import DEFAULT_MODEL, ensure_tiny_model
 
@@ -42,9 +42,12 @@ def main(argv: list[str]) -> int:
                  "checkpoint_interval": 10_000, **parse_overrides(args.set)}
     overrides["model"] = str(model.resolve())
     config = load_config_dict(args.config, overrides)
-    with Stack(StackConfig(model=model.resolve(), state_dir=args.state_dir)) as stack:
+    stack_config = StackConfig(model=model.resolve(), state_dir=args.state_dir, lora_rank=config["lora"]["rank"],
+                               resume_runs=False)  # an interrupted benchmark's run is not driven again
+    with Stack(stack_config) as stack:
         stack.start(log=not args.json)
         api = stack.client()
+        stop_left_running(api)
         started = time.perf_counter()
         run = api.start(config)
         final = watch(api, run["id"], interval_s=1.0)

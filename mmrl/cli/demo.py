@@ -13,12 +13,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from mmrl.cli.report import episode_strip, last_eval_within, learning_curve, plot_curve, write_json
-from mmrl.cli.run import TERMINAL, ApiClient, load_config_dict, parse_overrides, watch
+from mmrl.cli.run import TERMINAL, ApiClient, load_config_dict, parse_overrides, stop_left_running, watch
 from mmrl.cli.sft import load_sft_config, run_sft
 from mmrl.cli.stack import Stack, StackConfig
 from mmrl.cli.up import DEFAULT_MODEL, ensure_tiny_model
 from services.coordinator.config import RunConfig
-from services.rollout.config import RolloutConfig, lora_slot_rank
 
 
 def sft_checkpoint(args: argparse.Namespace, base_model: Path) -> tuple[Path, float, dict[str, Any]]:
@@ -55,16 +54,6 @@ def watch_or_stop(api: ApiClient, run_id: str) -> dict[str, Any]:
     return {**run, "interrupted": True}
 
 
-def stop_left_running(api: ApiClient) -> None:
-    """Marks stopped the runs an earlier demo left pending or running (a second Ctrl-C leaves at
-    once): the demo's coordinator does not resume them, and the learner takes one run at a time."""
-    for run in api.request("GET", "/v1/runs")["runs"]:
-        if run["state"] in ("pending", "running"):
-            api.request("POST", f"/v1/runs/{run['id']}/stop")
-            print(f"run {run['id']} of an earlier demo was left {run['state']} at step {run['step']}: "
-                  "marked stopped", flush=True)
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl demo", description=__doc__)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL,
@@ -83,16 +72,19 @@ def main(argv: list[str]) -> int:
     if args.budget_min <= 0:
         parser.error(f"--budget-min must be positive, got {args.budget_min}")
 
+    if args.sft_model and not (args.sft_model / "config.json").is_file():
+        parser.error(f"--sft-model {args.sft_model}: no config.json there")
+    overrides = parse_overrides(args.set)
+    if args.steps is not None:
+        overrides["steps"] = args.steps
     base = ensure_tiny_model(args.model)
+    load_config_dict(args.config, {**overrides, "model": str(base.resolve())})  # refused now, not after the SFT
     sft_report: dict[str, Any]
     if args.sft_model:
         sft_model, sft_wall_s, sft_report = args.sft_model, 0.0, {}
     else:
         sft_model, sft_wall_s, sft_report = sft_checkpoint(args, base)
-    overrides = parse_overrides(args.set)
     overrides["model"] = str(sft_model.resolve())
-    if args.steps:
-        overrides["steps"] = args.steps
     config = load_config_dict(args.config, overrides)
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "run_config.json", config)
@@ -101,10 +93,8 @@ def main(argv: list[str]) -> int:
         run_config = RunConfig.model_validate(config)
     except ValidationError as exc:
         raise SystemExit(f"invalid run config: {exc}") from exc
-    # The rollout engine must hold adapters of the run's LoRA rank (it sizes its slots at start).
-    slot_rank = lora_slot_rank(max(run_config.lora.rank, RolloutConfig.model_fields["max_lora_rank"].default))
-    stack = Stack(StackConfig(model=sft_model.resolve(), state_dir=args.state_dir,
-                              rollout_args=["--max-lora-rank", str(slot_rank)], resume_runs=False))
+    stack = Stack(StackConfig(model=sft_model.resolve(), state_dir=args.state_dir, lora_rank=run_config.lora.rank,
+                              resume_runs=False))
     with stack:
         stack.start()
         api = stack.client()

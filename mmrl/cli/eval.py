@@ -22,6 +22,7 @@ from services.coordinator.evaluation import EvalPlan, run_eval
 from services.coordinator.manager import load_tokenizer
 
 PRESETS = {"easy": ("maze-easy-64", 9, 20), "hard": ("maze-hard-64", 11, 32)}
+MAX_EPISODES = 4096  # episodes created in one CreateEpisodes call: the env service's default max_batch
 
 
 def parse_seeds(text: str) -> range:
@@ -97,9 +98,19 @@ def main(argv: list[str]) -> int:
         raise SystemExit("--adapter needs the rollout service started by mmrl eval (omit --rollout)")
     if args.adapter and not all((args.adapter / name).is_file() for name in storage.ADAPTER_FILES):
         raise SystemExit(f"--adapter {args.adapter}: no {' + '.join(storage.ADAPTER_FILES)} there")
+    seeds = parse_seeds(args.seeds) if args.seeds else None  # checked before anything starts
+    if seeds is not None and len(seeds) * (1 + args.samples) > MAX_EPISODES:
+        raise SystemExit(f"--seeds {args.seeds} with --samples {args.samples} plays "
+                         f"{len(seeds) * (1 + args.samples)} episodes at once; at most {MAX_EPISODES} "
+                         "(the env service's batch limit): split the range")
+
+    try:
+        lora_rank = storage.adapter_rank(args.adapter) if args.adapter else 0
+    except ValueError as exc:
+        raise SystemExit(f"--adapter {args.adapter}: {exc}") from exc
 
     started = time.perf_counter()
-    stack = Stack(StackConfig(model=args.model.resolve(), state_dir=args.state_dir))
+    stack = Stack(StackConfig(model=args.model.resolve(), state_dir=args.state_dir, lora_rank=lora_rank))
     try:
         needed = tuple(s for s, given in (("env", args.env), ("rollout", args.rollout)) if not given)
         if needed:
@@ -107,7 +118,7 @@ def main(argv: list[str]) -> int:
         adapter = stage_adapter(args.adapter, stack.config.shared_root) if args.adapter else None
         summary, _ = asyncio.run(evaluate(
             args.env or stack.address("env"), args.rollout or stack.address("rollout"), args.model,
-            size=args.size, seeds=parse_seeds(args.seeds) if args.seeds else None, adapter=adapter,
+            size=args.size, seeds=seeds, adapter=adapter,
             samples=args.samples, temperature=args.temperature))
     finally:
         stack.stop()

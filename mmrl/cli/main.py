@@ -34,6 +34,15 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def _says_what_went_wrong(error: Exception) -> bool:
+    """Errors whose message is the whole story (a service that did not start, a service call that
+    failed after its retries): printed as one line, not as a traceback of the CLI's own code."""
+    from mmrl.cli.stack import StackError
+    from services.coordinator.clients import ServiceError
+
+    return isinstance(error, StackError | ServiceError)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
@@ -42,7 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     for words, (module_name, _) in sorted(COMMANDS.items(), key=lambda kv: -len(kv[0])):
         if tuple(args[: len(words)]) == words:
             module = importlib.import_module(module_name)
-            return int(module.main(args[len(words):]) or 0)
+            try:
+                return int(module.main(args[len(words):]) or 0)
+            except KeyboardInterrupt:
+                print(f"mmrl {' '.join(words)}: interrupted", file=sys.stderr)
+                return 130
+            except Exception as error:
+                if not _says_what_went_wrong(error):
+                    raise
+                print(f"mmrl {' '.join(words)}: {error}", file=sys.stderr)
+                return 1
     print(f"mmrl: unknown command {' '.join(args[:2])!r}\n\n{_usage()}", file=sys.stderr)
     return 2
 

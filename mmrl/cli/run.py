@@ -37,6 +37,17 @@ class ApiClient:
         return dict(self.request("GET", f"/v1/runs/{run_id}"))
 
 
+def stop_left_running(api: ApiClient) -> None:
+    """Marks stopped the runs an earlier demo or benchmark left pending or running (a second Ctrl-C
+    leaves at once): a coordinator started without resuming runs does not drive them, and the
+    learner takes one run at a time."""
+    for run in api.request("GET", "/v1/runs")["runs"]:
+        if run["state"] in ("pending", "running"):
+            api.request("POST", f"/v1/runs/{run['id']}/stop")
+            print(f"run {run['id']} was left {run['state']} at step {run['step']} by an earlier job: "
+                  "marked stopped", flush=True)
+
+
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     """`--set grpo.group_size=4` -> {"grpo.group_size": 4} (values parsed as YAML scalars)."""
     out = {}
@@ -44,7 +55,10 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep:
             raise SystemExit(f"--set expects KEY=VALUE, got {pair!r}")
-        out[key] = yaml.safe_load(value)
+        try:
+            out[key] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise SystemExit(f"--set {pair}: the value is not a YAML scalar or list ({exc})") from None
     return out
 
 

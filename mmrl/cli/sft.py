@@ -9,15 +9,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from mmrl.cli.stack import Stack, StackConfig
+from services.common.config_files import read_config_file
 
 
 def load_sft_config(path: Path, out: Path | None, base_model: Path | None) -> Any:
     from services.learner.sft import SftConfig
 
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = read_config_file(path)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"cannot read the SFT config: {exc}") from exc
     if out is not None:
         data["out"] = str(out)
     if base_model is not None:

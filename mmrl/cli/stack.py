@@ -7,12 +7,14 @@ Used by `mmrl up`, `mmrl demo`, `mmrl eval`, `mmrl bench e2e` and the end-to-end
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -22,8 +24,14 @@ import httpx
 from mmrl.cli.run import ApiClient
 from services.common.grpc_server import check_health
 from services.common.procs import free_port, port_open, start_redis, stop_process
+from services.rollout.config import RolloutConfig, lora_slot_rank
 
 SERVICES = ("env", "rollout", "learner", "coordinator")
+
+
+class StackError(RuntimeError):
+    """A service (or Redis) that could not be started; the message says which and why (log tail)."""
+
 STARTUP_TIMEOUT_S = {"env": 60.0, "rollout": 420.0, "learner": 300.0, "coordinator": 60.0}
 
 
@@ -39,6 +47,7 @@ class StackConfig:
     resume_runs: bool = True  # the coordinator resumes runs left running in Redis
     rollout_args: list[str] = field(default_factory=list)
     learner_model: Path | None = None  # defaults to `model`
+    lora_rank: int = 0  # the largest LoRA rank the rollout must serve (vLLM sizes its slots at start); 0: default
 
     @property
     def shared_root(self) -> Path:
@@ -82,11 +91,17 @@ class Stack:
                "--host", self.config.host, "--port", str(self.ports[service])]
         shared = ["--shared-root", str(self.config.shared_root.resolve())]
         if service == "rollout":
-            return cli + ["--model", str(self.config.model)] + shared + self.config.rollout_args
+            return cli + ["--model", str(self.config.model)] + shared + self._lora_slots() + self.config.rollout_args
         if service == "learner":
             model = self.config.learner_model or self.config.model
             return cli + ["--model", str(model), "--nproc", str(self.config.learner_nproc)] + shared
         return cli
+
+    def _lora_slots(self) -> list[str]:
+        default = RolloutConfig.model_fields["max_lora_rank"].default
+        if self.config.lora_rank <= default:
+            return []
+        return ["--max-lora-rank", str(lora_slot_rank(self.config.lora_rank))]
 
     def start(self, services: tuple[str, ...] = SERVICES, log: bool = True) -> None:
         """Starts Redis (if needed) and `services`, in parallel, and waits until all are healthy."""
@@ -114,7 +129,7 @@ class Stack:
             parsed = urlparse(self.redis_url)
             if port_open(parsed.hostname or "127.0.0.1", parsed.port or 6379):
                 return
-            raise RuntimeError(f"no Redis reachable at {self.redis_url}")
+            raise StackError(f"no Redis reachable at {self.redis_url}")
         port = free_port()
         self.procs["redis"] = start_redis(port, data_dir=self.config.state_dir / "redis",
                                           log_path=logs / "redis.log")
@@ -126,11 +141,11 @@ class Stack:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 tail = self._log_tail(service)
-                raise RuntimeError(f"{service} exited with code {proc.returncode} while starting:\n{tail}")
+                raise StackError(f"{service} exited with code {proc.returncode} while starting:\n{tail}")
             if self.is_healthy(service):
                 return
             time.sleep(0.5)
-        raise TimeoutError(f"{service} was not healthy within {STARTUP_TIMEOUT_S[service]:.0f} s:\n"
+        raise StackError(f"{service} was not healthy within {STARTUP_TIMEOUT_S[service]:.0f} s:\n"
                            f"{self._log_tail(service)}")
 
     def is_healthy(self, service: str) -> bool:
@@ -167,14 +182,29 @@ class Stack:
                 pass
 
     def stop(self) -> None:
-        for service in ("coordinator", "learner", "rollout", "env", "redis"):
-            self.stop_service(service)
+        """Stops every process, the coordinator first and Redis last. A further Ctrl-C meanwhile is
+        ignored: the services run in their own sessions and would outlive an interrupted stop."""
+        with _sigint_ignored():
+            for service in ("coordinator", "learner", "rollout", "env", "redis"):
+                self.stop_service(service)
 
     def __enter__(self) -> Stack:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _sigterm_raises_keyboard_interrupt() -> None:

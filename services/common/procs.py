@@ -35,7 +35,9 @@ def start_redis(port: int, data_dir: Path | None = None, log_path: Path | None =
     else:
         args += ["--appendonly", "no"]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
-    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    # Its own session: a Ctrl-C in the terminal reaches the CLI, which stops Redis last, not Redis
+    # itself (redis-server shuts down on SIGINT, and a demo still reads the run's curve after Ctrl-C).
+    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     wait_for_port("127.0.0.1", port, timeout_s=20, proc=proc, what="redis-server")
     return proc
 

@@ -168,6 +168,18 @@ def publish_adapter_copy(source_dir: Path, final_dir: Path) -> Path:
     return Path(final_dir)
 
 
+def adapter_rank(directory: Path) -> int:
+    """The largest LoRA rank of the peft adapter in `directory` (`r` and any `rank_pattern` entry);
+    ValueError saying what is wrong when its adapter_config.json cannot be read as such."""
+    path = Path(directory) / ADAPTER_CONFIG
+    try:
+        config = json.loads(path.read_text())
+        return max([int(config.get("r", 0)), *(int(r) for r in (config.get("rank_pattern") or {}).values())])
+    except (OSError, ValueError, TypeError, AttributeError) as exc:  # unreadable, not JSON, not an object, ...
+        raise ValueError(f"{path} must be a readable object with an integer 'r' and a 'rank_pattern' of "
+                         f"integers ({type(exc).__name__}: {exc})") from exc
+
+
 def manifest_sha256(directory: Path) -> str:
     return sha256_file(Path(directory) / MANIFEST)
 

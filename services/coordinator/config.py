@@ -294,8 +294,11 @@ def load_run_config(path: Path, overrides: dict[str, Any] | None = None) -> RunC
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
-        for key in parents:
+        for depth, key in enumerate(parents):
             node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                section = ".".join(parents[: depth + 1])
+                raise ValueError(f"override {dotted}: {section} is a value ({node!r}), not a section of settings")
         node[leaf] = value
     return RunConfig.model_validate(data)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import shutil
 import time
@@ -190,16 +189,11 @@ class AdapterRegistry:
 
     def _check_rank(self, copy: Path, source: Path) -> None:
         try:
-            config = json.loads((copy / storage.ADAPTER_CONFIG).read_text())
-        except (OSError, ValueError) as exc:
-            raise FailedPrecondition(f"{source}: no readable adapter_config.json: {exc}") from exc
-        try:
-            ranks = [int(config.get("r", 0)), *(int(r) for r in (config.get("rank_pattern") or {}).values())]
-        except (AttributeError, TypeError, ValueError) as exc:  # not an object, rank_pattern not a map, ...
-            raise FailedPrecondition(f"{source}: adapter_config.json must be an object with an integer 'r' and "
-                                     f"a 'rank_pattern' of integers ({type(exc).__name__}: {exc})") from exc
-        if max(ranks) > self._max_rank:
-            raise FailedPrecondition(f"{source}: LoRA rank {max(ranks)} exceeds the service's max_lora_rank "
+            rank = storage.adapter_rank(copy)
+        except ValueError as exc:
+            raise FailedPrecondition(str(exc).replace(str(copy), str(source))) from exc
+        if rank > self._max_rank:
+            raise FailedPrecondition(f"{source}: LoRA rank {rank} exceeds the service's max_lora_rank "
                                      f"{self._max_rank}")
 
     async def _apply_retention(self, run_id: str) -> None:

@@ -38,6 +38,15 @@ def test_temperatures_the_rollout_engine_would_refuse_are_refused_when_the_run_i
         RunConfig.model_validate({"model": "m", "eval": {"sampled_temperature": 2.5}})
 
 
+def test_an_override_below_a_plain_value_and_a_file_that_does_not_parse_are_value_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"override grpo.group_size.x: grpo.group_size is a value \(8\), not a section"):
+        load_run_config(ROOT / "configs" / "maze-tiny-cpu.yaml", {"grpo.group_size.x": 1})
+    broken = tmp_path / "run.yaml"
+    broken.write_text("grpo: [1\n")
+    with pytest.raises(ValueError, match=r"run.yaml: not valid YAML"):
+        load_run_config(broken)
+
+
 def test_unknown_keys_are_refused() -> None:
     with pytest.raises(ValidationError, match="extra"):
         RunConfig.model_validate({"model": "m", "grpo": {"group_sise": 4}})

@@ -173,7 +173,7 @@ async def test_a_malformed_adapter_config_is_a_failed_precondition(
         (tmp / "adapter_model.safetensors").write_bytes(b"weights")
 
     storage.publish_directory(storage.adapter_dir(shared, "run", 1), write)
-    with pytest.raises(FailedPrecondition, match="adapter_config.json must be an object with an integer 'r'"):
+    with pytest.raises(FailedPrecondition, match="adapter_config.json must be a readable object with an integer 'r'"):
         await registry.load("run", 1, "")
     assert registry.loaded() == []
 

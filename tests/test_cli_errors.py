@@ -1,0 +1,52 @@
+"""How `mmrl` ends on errors: a service that did not start or a failed service call is one line on
+stderr and exit status 1, Ctrl-C is exit status 130, and any other error keeps its traceback."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from mmrl.cli import main as cli
+from mmrl.cli.stack import StackError
+from services.coordinator.clients import ServiceError
+
+
+@pytest.fixture
+def command(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    module = types.ModuleType("mmrl_test_command")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(cli.COMMANDS, ("boom",), (module.__name__, "raises what the test sets"))
+    return module
+
+
+def _raising(error: BaseException) -> object:
+    def main(argv: list[str]) -> int:
+        raise error
+
+    return main
+
+
+def test_a_service_that_did_not_start_is_one_line_and_exit_status_1(
+        command: types.ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    command.main = _raising(StackError("rollout exited with code 1 while starting:\nOSError: no model"))
+    assert cli.main(["boom"]) == 1
+    assert capsys.readouterr().err.startswith("mmrl boom: rollout exited with code 1 while starting:")
+
+
+def test_a_failed_service_call_is_one_line_and_exit_status_1(
+        command: types.ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    command.main = _raising(ServiceError("env", "127.0.0.1:9", "GetEvalSet", "UNAVAILABLE", "connection refused"))
+    assert cli.main(["boom"]) == 1
+    assert "env service at 127.0.0.1:9: GetEvalSet failed with UNAVAILABLE" in capsys.readouterr().err
+
+
+def test_ctrl_c_is_exit_status_130_and_other_errors_keep_their_traceback(
+        command: types.ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    command.main = _raising(KeyboardInterrupt())
+    assert cli.main(["boom"]) == 130
+    assert capsys.readouterr().err == "mmrl boom: interrupted\n"
+    command.main = _raising(ZeroDivisionError("a bug"))
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["boom"])
