@@ -187,6 +187,10 @@ class OptimSettings(_Strict):
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     micro_batch_size: int = Field(16, ge=1, description="Trajectories per forward/backward.")
+    activation_checkpointing: bool = Field(
+        False, description="Recompute each decoder layer in the backward pass: far less activation memory "
+                           "for long multi-turn trajectories, about one more forward pass of time.",
+    )
     num_minibatches: int = Field(
         1, ge=1, le=1024, description="Optimiser steps per training step (1 = plain on-policy GRPO)."
     )
@@ -270,6 +274,7 @@ class RunConfig(_Strict):
             "weight_decay": self.optim.weight_decay,
             "max_grad_norm": self.optim.max_grad_norm,
             "micro_batch_size": self.optim.micro_batch_size,
+            "activation_checkpointing": self.optim.activation_checkpointing,
             "num_minibatches": self.optim.num_minibatches,
             "num_epochs": self.optim.epochs,
             "clip_low": self.grpo.clip_low,

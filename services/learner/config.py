@@ -65,6 +65,11 @@ class LearnerRunConfig(BaseModel):
     micro_batch_size: int = Field(default=8, ge=1, le=4096)
     """Trajectories per forward/backward on each rank; gradients accumulate over micro-batches, so
     any batch size fits memory and the result does not depend on this value."""
+    activation_checkpointing: bool = False
+    """Keep only each decoder layer's input in the forward pass and recompute the layer in the
+    backward pass (non-reentrant torch checkpointing): activation memory of a micro-batch drops from
+    every layer's intermediates to one layer's, for about one more forward pass of time. The loss
+    and gradients are the same."""
     clip_low: float = Field(default=0.2, ge=0, lt=1)
     """Lower PPO clip: the ratio is clipped below at 1 - clip_low."""
     clip_high: float = Field(default=0.28, ge=0, le=10)

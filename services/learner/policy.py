@@ -89,6 +89,8 @@ def add_lora(model: Any, config: LearnerRunConfig) -> Any:
         torch.manual_seed(config.seed)
         peft_model = get_peft_model(model, lora, adapter_name=ADAPTER_NAME)
     peft_model.eval()  # peft builds its dropout layers in training mode; the trainer switches them on
+    if config.activation_checkpointing:
+        checkpoint_layers(peft_model)
     for name, param in peft_model.named_parameters():
         if param.requires_grad:
             assert "lora_" in name, f"only LoRA weights may train, not {name}"
@@ -98,6 +100,22 @@ def add_lora(model: Any, config: LearnerRunConfig) -> Any:
 
 def trainable_parameters(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def checkpoint_layers(model: Any) -> int:
+    """Turns on HF gradient checkpointing (non-reentrant) for every decoder and vision block; returns
+    how many. HF recomputes a block only when the block itself is in training mode, and the model
+    stays in eval mode (no dropout in the base model), so only the blocks' own flags are set: their
+    submodules, dropout included, stay in eval mode."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    for layer in layers:
+        layer.training = True
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no checkpointable layers for activation_checkpointing")
+    return len(layers)
 
 
 def token_logprobs(

@@ -297,3 +297,22 @@ def test_a_checkpoint_is_restored_only_under_the_adapter_settings_it_was_trained
     with pytest.raises(StateError, match=r"is not a learner checkpoint: its trainer_state.json cannot be read"):
         driver.load_checkpoint("run", str(adapter_dir))
     assert driver.load_checkpoint("run", str(path)).step == 1
+
+
+def test_activation_checkpointing_recomputes_the_layers_and_gives_the_same_step(
+    make_driver: Callable[..., Any], trajectories: list[Trajectory]
+) -> None:
+    results = {}
+    for checkpointing in (False, True):
+        driver = _configure(make_driver, activation_checkpointing=checkpointing)
+        model = driver.engine.run.model
+        (mlp,) = [m for n, m in model.named_modules() if n.endswith("language_model.layers.0.mlp")]
+        calls: list[int] = []
+        mlp.register_forward_pre_hook(lambda *args, calls=calls: calls.append(1))  # a recompute stops early
+        metrics = driver.train_step("run", trajectories).metrics
+        results[checkpointing] = (len(calls), metrics, adapter_weights(driver))
+    (plain_calls, plain, plain_adapter), (calls, checkpointed, adapter) = results[False], results[True]
+    assert calls == 2 * plain_calls  # every forward with gradients is run again in the backward pass
+    for key in ("train/loss", "train/grad_norm", "train/entropy"):
+        assert checkpointed[key] == pytest.approx(plain[key], rel=1e-5, abs=1e-7), key
+    assert all(torch.allclose(adapter[n], plain_adapter[n], atol=1e-6) for n in adapter)
