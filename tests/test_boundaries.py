@@ -10,14 +10,31 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVICES = sorted(p.name for p in (ROOT / "services").iterdir() if (p / "__init__.py").is_file() and p.name != "common")
 
 
-def _imported_services(path: Path) -> set[str]:
+def _imported_modules(path: Path, root: Path = ROOT) -> set[str]:
+    """Every module `path` imports, relative imports resolved; `from a import b` counts as `a.b` too."""
+    package = list(path.relative_to(root).with_suffix("").parts[:-1])
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return {name.split(".")[1] for name in names if name.startswith("services.") and name.count(".") >= 1}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _imported_services(path: Path, root: Path = ROOT) -> set[str]:
+    return {name.split(".")[1] for name in _imported_modules(path, root) if name.startswith("services.")}
+
+
+def test_imports_are_read_in_every_form(tmp_path: Path) -> None:
+    module = tmp_path / "services" / "coordinator" / "probe.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("import services.env.spec\nfrom services import rollout\nfrom ..learner import driver\n"
+                      "from . import store\n")
+    assert _imported_services(module, tmp_path) == {"env", "rollout", "learner", "coordinator"}
 
 
 def test_no_service_imports_another_services_modules() -> None:

@@ -36,10 +36,13 @@ def test_a_bad_seed_range_is_refused_before_any_service_starts(tmp_path: Path, n
         eval_cli.main(["--model", str(tmp_path), "--seeds", seeds])
 
 
-def test_more_episodes_than_the_env_takes_at_once_are_refused(tmp_path: Path, no_stack: None) -> None:
+@pytest.mark.parametrize(("extra", "sampled"), [(["--seeds", "0-512", "--samples", "8"], 4104),
+                                                (["--samples", "65"], 4160)])
+def test_more_episodes_than_the_env_creates_in_one_call_are_refused(
+        tmp_path: Path, no_stack: None, extra: list[str], sampled: int) -> None:
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(SystemExit, match="plays 4608 episodes at once; at most 4096"):
-        eval_cli.main(["--model", str(tmp_path), "--seeds", "0-511", "--samples", "8"])
+    with pytest.raises(SystemExit, match=f"is {sampled} sampled episodes at once; the env service creates at most 4096"):
+        eval_cli.main(["--model", str(tmp_path), *extra])
 
 
 def test_an_adapter_without_a_readable_rank_is_refused(tmp_path: Path, no_stack: None) -> None:

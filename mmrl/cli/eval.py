@@ -20,9 +20,11 @@ from services.coordinator.clients import CallPolicy, Services
 from services.coordinator.episodes import Timers
 from services.coordinator.evaluation import EvalPlan, run_eval
 from services.coordinator.manager import load_tokenizer
+from services.env.config import EnvConfig
 
 PRESETS = {"easy": ("maze-easy-64", 9, 20), "hard": ("maze-hard-64", 11, 32)}
-MAX_EPISODES = 4096  # episodes created in one CreateEpisodes call: the env service's default max_batch
+MAX_EPISODES = EnvConfig.model_fields["max_batch"].default  # episodes one CreateEpisodes call creates
+EVAL_SET_SIZE = 64  # mazes in each fixed eval set
 
 
 def parse_seeds(text: str) -> range:
@@ -99,10 +101,10 @@ def main(argv: list[str]) -> int:
     if args.adapter and not all((args.adapter / name).is_file() for name in storage.ADAPTER_FILES):
         raise SystemExit(f"--adapter {args.adapter}: no {' + '.join(storage.ADAPTER_FILES)} there")
     seeds = parse_seeds(args.seeds) if args.seeds else None  # checked before anything starts
-    if seeds is not None and len(seeds) * (1 + args.samples) > MAX_EPISODES:
-        raise SystemExit(f"--seeds {args.seeds} with --samples {args.samples} plays "
-                         f"{len(seeds) * (1 + args.samples)} episodes at once; at most {MAX_EPISODES} "
-                         "(the env service's batch limit): split the range")
+    mazes = len(seeds) if seeds is not None else EVAL_SET_SIZE
+    if max(mazes, mazes * args.samples) > MAX_EPISODES:  # the greedy and the sampled episodes: one call each
+        raise SystemExit(f"{mazes} mazes x --samples {args.samples} is {mazes * args.samples} sampled episodes at "
+                         f"once; the env service creates at most {MAX_EPISODES} in one call: fewer mazes or samples")
 
     try:
         lora_rank = storage.adapter_rank(args.adapter) if args.adapter else 0

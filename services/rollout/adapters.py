@@ -180,8 +180,10 @@ class AdapterRegistry:
                              version=version)
             await self._engine.add_adapter(ref)
             return LoadedAdapter(run_id, version, source, storage.manifest_sha256(copy), ref)
-        except (FileNotFoundError, shutil.Error) as exc:  # copytree gathers a vanished file into shutil.Error
+        except (FileNotFoundError, shutil.Error) as exc:  # copytree gathers every file's error into shutil.Error
             shutil.rmtree(copy, ignore_errors=True)
+            if source.is_dir():
+                raise FailedPrecondition(f"adapter {run_id} v{version}: cannot copy {source}: {exc}") from exc
             raise NotFound(f"adapter directory {source} vanished while loading: {exc}") from exc
         except BaseException:
             shutil.rmtree(copy, ignore_errors=True)

@@ -6,7 +6,8 @@ started and warmed up, and again as soon as a background probe finds the engine 
 
 Sleep and Generate never overlap: from the moment a Sleep arrives, new Generate calls are refused
 (FAILED_PRECONDITION) and the Sleep waits for the calls already running to finish, since vLLM's sleep
-would abort them.
+would abort them. Sleep and WakeUp run one at a time: a WakeUp that arrives while a Sleep waits wakes
+the engine once that Sleep is done, and a second Sleep returns only once the engine is asleep.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def __init__(self, config: RolloutConfig) -> None:
         self.config = config
         self._ready: Ready | None = None
-        self._asleep = False  # asleep, or a Sleep is waiting for the running Generate calls or the engine
+        self._asleep = False  # the engine is (or, after a Sleep that failed midway, may be) asleep
+        self._sleep_pending = False  # a Sleep waits for the running Generate calls: new ones are refused
+        self._sleep_lock = asyncio.Lock()  # Sleep and WakeUp, one at a time
         self._generating = 0  # Generate calls in the engine
         self._generate_done = asyncio.Condition()
 
@@ -82,7 +85,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def Generate(self, request: rollout_pb2.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> rollout_pb2.GenerateResponse:
         ready = self._get_ready()
-        if self._asleep:
+        if self._asleep or self._sleep_pending:
             raise FailedPrecondition("the engine is asleep (Sleep was called); call WakeUp first")
         start = time.perf_counter()
         parsed, keys = parse_requests(request.requests, ready.engine.info, self.config.max_requests_per_call,
@@ -93,10 +96,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             results = await ready.engine.generate(
                 [replace(r, adapter=ref) for r, ref in zip(parsed, refs, strict=True)])
         finally:
+            await ready.adapters.release(refs)  # may unload retired adapters: before a waiting Sleep runs
             self._generating -= 1
             async with self._generate_done:
                 self._generate_done.notify_all()
-            await ready.adapters.release(refs)
         response = rollout_pb2.GenerateResponse()
         for result, ref in zip(results, refs, strict=True):
             _fill_result(response.results.add(), result, ref.version if ref is not None else 0)
@@ -133,31 +136,35 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         if request.level not in (0, 1):
             raise InvalidArgument(f"sleep level must be 1 (0 means 1), got {request.level}: level 2 discards the "
                                   "weights and WakeUp does not reload them")
-        if self._asleep:  # again while asleep: nothing to do
-            return rollout_pb2.SleepResponse()
-        self._asleep = True  # refuses new Generate calls from here on
-        try:
-            async with self._generate_done:
-                await self._generate_done.wait_for(lambda: self._generating == 0)
-        except BaseException:  # cancelled while waiting: the engine was not touched
-            self._asleep = False
-            raise
-        try:
-            await ready.engine.sleep(1)
-        except RolloutError:  # refused (e.g. no sleep mode on CPU): nothing changed
-            self._asleep = False
-            raise
-        # Any other failure or a cancellation leaves the engine possibly asleep: it stays marked asleep,
-        # and WakeUp wakes it (waking an engine that is awake does nothing).
+        if not ready.engine.info.sleep_supported:  # refused before any Generate call is held up
+            raise FailedPrecondition("this engine has no sleep mode (vLLM's sleep mode needs a GPU)")
+        async with self._sleep_lock:
+            if self._asleep:  # again while asleep: nothing to do
+                return rollout_pb2.SleepResponse()
+            self._sleep_pending = True
+            try:
+                async with self._generate_done:
+                    await self._generate_done.wait_for(lambda: self._generating == 0)
+                # From here a failure or a cancellation leaves the engine possibly asleep: it stays marked
+                # asleep, and WakeUp wakes it (waking an engine that is awake does nothing).
+                self._asleep = True
+                try:
+                    await ready.engine.sleep(1)
+                except RolloutError:  # refused: nothing changed
+                    self._asleep = False
+                    raise
+            finally:
+                self._sleep_pending = False
         return rollout_pb2.SleepResponse()
 
     @_status_on_error
     async def WakeUp(self, request: rollout_pb2.WakeUpRequest,
                      context: grpc.aio.ServicerContext) -> rollout_pb2.WakeUpResponse:
         ready = self._get_ready()
-        if self._asleep:  # awake already (a coordinator wakes the engines when a run restarts): nothing to do
-            await ready.engine.wake_up()
-            self._asleep = False
+        async with self._sleep_lock:  # after a Sleep in progress
+            if self._asleep:  # awake already (a coordinator wakes the engines when a run restarts): nothing to do
+                await ready.engine.wake_up()
+                self._asleep = False
         return rollout_pb2.WakeUpResponse()
 
     @_status_on_error

@@ -215,13 +215,20 @@ async def test_a_failed_unload_of_a_retired_adapter_still_returns_the_results(se
     assert sorted(ref.version for ref in service.engine.adapters.values()) == [1, 3, 4]  # v2 unloaded all the same
 
 
+async def _a_held_generate(service: Service) -> asyncio.Future[rollout_pb2.GenerateResponse]:
+    """A Generate call that stays in the engine until `service.engine.hold` is set."""
+    service.engine.hold = asyncio.Event()
+    before = len(service.engine.calls)
+    running = asyncio.ensure_future(service.stub.Generate(rollout_pb2.GenerateRequest(requests=[_request()])))
+    while len(service.engine.calls) == before:
+        await asyncio.sleep(0.01)
+    return running
+
+
 async def test_a_sleep_waits_for_running_generate_calls_and_refuses_new_ones(service: Service) -> None:
     service.engine = FakeEngine(sleep_supported=True)
     await _attach(service)
-    service.engine.hold = asyncio.Event()
-    running = asyncio.ensure_future(service.stub.Generate(rollout_pb2.GenerateRequest(requests=[_request()])))
-    while not service.engine.calls:
-        await asyncio.sleep(0.01)
+    running = await _a_held_generate(service)
     sleeping = asyncio.ensure_future(service.stub.Sleep(rollout_pb2.SleepRequest()))
     await asyncio.sleep(0.1)
     assert not sleeping.done() and service.engine.sleep_levels == []  # vLLM's sleep would abort the call
@@ -231,3 +238,42 @@ async def test_a_sleep_waits_for_running_generate_calls_and_refuses_new_ones(ser
     assert len((await running).results) == 1
     await sleeping
     assert service.engine.sleep_levels == [1]
+
+
+async def test_a_wake_up_or_second_sleep_during_a_waiting_sleep_comes_after_it(service: Service) -> None:
+    service.engine = FakeEngine(sleep_supported=True)
+    await _attach(service)
+    running = await _a_held_generate(service)
+    first = asyncio.ensure_future(service.stub.Sleep(rollout_pb2.SleepRequest()))
+    second = asyncio.ensure_future(service.stub.Sleep(rollout_pb2.SleepRequest()))
+    await asyncio.sleep(0.1)
+    assert not (first.done() or second.done())  # both wait for the running call, the second for the first
+    service.engine.hold.set()  # type: ignore[union-attr]
+    await asyncio.gather(running, first, second)
+    assert service.engine.sleep_levels == [1]  # asleep once: the second Sleep found it asleep
+    await service.stub.WakeUp(rollout_pb2.WakeUpRequest())
+
+    running = await _a_held_generate(service)
+    sleeping = asyncio.ensure_future(service.stub.Sleep(rollout_pb2.SleepRequest()))
+    await asyncio.sleep(0.1)
+    waking = asyncio.ensure_future(service.stub.WakeUp(rollout_pb2.WakeUpRequest()))
+    await asyncio.sleep(0.1)
+    assert not (sleeping.done() or waking.done())  # the WakeUp waits for the Sleep, which waits for the call
+    service.engine.hold.set()  # type: ignore[union-attr]
+    await asyncio.gather(running, sleeping, waking)
+    assert (service.engine.sleep_levels, service.engine.wake_ups) == ([1, 1], 2)  # slept, then woke
+    service.engine.hold = None
+    assert len((await service.stub.Generate(rollout_pb2.GenerateRequest(requests=[_request()]))).results) == 1
+
+
+async def test_a_sleep_given_up_while_it_waits_leaves_the_engine_awake_and_serving(service: Service) -> None:
+    service.engine = FakeEngine(sleep_supported=True)
+    await _attach(service)
+    running = await _a_held_generate(service)
+    assert await _code(service.stub.Sleep(rollout_pb2.SleepRequest(), timeout=0.2)) == grpc.StatusCode.DEADLINE_EXCEEDED
+    service.engine.hold.set()
+    await running
+    service.engine.hold = None
+    await asyncio.sleep(0.05)  # the server has seen the cancellation
+    assert len((await service.stub.Generate(rollout_pb2.GenerateRequest(requests=[_request()]))).results) == 1
+    assert service.engine.sleep_levels == []
