@@ -109,6 +109,11 @@ def watch(api: ApiClient, run_id: str, interval_s: float = 1.0, out: Any = sys.s
         time.sleep(interval_s)
 
 
+def watch_status(final: dict[str, Any]) -> int:
+    """Exit status of a watch: 0 when the run succeeded or paused (it can be resumed), else 1."""
+    return 0 if final["state"] in ("succeeded", "paused") else 1
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl run", description=__doc__)
     parser.add_argument("--api", default=os.environ.get("MMRL_API_URL", "http://127.0.0.1:8000"))
@@ -128,15 +133,14 @@ def main(argv: list[str]) -> int:
         run = api.start(load_config_dict(args.config, parse_overrides(args.set)))
         print(run["id"])
         if args.watch:
-            return 0 if watch(api, run["id"])["state"] == "succeeded" else 1
+            return watch_status(watch(api, run["id"]))
     elif args.action == "list":
         for run in api.request("GET", "/v1/runs")["runs"]:
             print(f"{run['id']:<48} {run['state']:<10} step {run['step']}/{run['steps']}")
     elif args.action == "status":
         print(json.dumps(api.run(args.run_id), indent=2))
     elif args.action == "watch":
-        final = watch(api, args.run_id)
-        return 0 if final["state"] in ("succeeded", "paused") else 1
+        return watch_status(watch(api, args.run_id))
     else:
         run = api.request("POST", f"/v1/runs/{args.run_id}/{args.action}")
         print(f"{run['id']}: {run['state']}{' (' + run['desired'] + ' requested)' if run.get('desired') else ''}")
