@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -55,7 +56,11 @@ def main(argv: list[str]) -> int:
         metrics = api.request("GET", f"/v1/runs/{run['id']}/metrics")["metrics"]
         evals = api.request("GET", f"/v1/runs/{run['id']}/evals")["evals"]
     if final["state"] != "succeeded":
-        raise SystemExit(f"bench run ended {final['state']}: {final['failure_reason']}")
+        print(f"bench run ended {final['state']}: {final['failure_reason']}", file=sys.stderr)
+        if args.json:  # the last line is still one JSON object
+            print(json.dumps({"state": final["state"], "failure_reason": final["failure_reason"],
+                              "run_id": run["id"], "steps": len(metrics)}))
+        return 1
     result = {**{k: round(v, 4) for k, v in breakdown(metrics, evals).items()},
               "steps": len(metrics), "run_wall_s": round(wall_s, 1),
               "episodes_per_step": metrics[0]["episodes/num"],
