@@ -96,10 +96,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             results = await ready.engine.generate(
                 [replace(r, adapter=ref) for r, ref in zip(parsed, refs, strict=True)])
         finally:
-            await ready.adapters.release(refs)  # may unload retired adapters: before a waiting Sleep runs
-            self._generating -= 1
-            async with self._generate_done:
-                self._generate_done.notify_all()
+            try:
+                await ready.adapters.release(refs)  # may unload retired adapters: before a waiting Sleep runs
+            finally:  # counted out whatever happens there, or a waiting Sleep would wait forever
+                self._generating -= 1
+                async with self._generate_done:
+                    self._generate_done.notify_all()
         response = rollout_pb2.GenerateResponse()
         for result, ref in zip(results, refs, strict=True):
             _fill_result(response.results.add(), result, ref.version if ref is not None else 0)
