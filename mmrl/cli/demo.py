@@ -10,14 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from mmrl.cli.report import episode_strip, last_eval_within, learning_curve, plot_curve, write_json
 from mmrl.cli.run import TERMINAL, ApiClient, load_config_dict, parse_overrides, stop_left_running, watch
 from mmrl.cli.sft import load_sft_config, run_sft
 from mmrl.cli.stack import Stack, StackConfig
 from mmrl.cli.up import DEFAULT_MODEL, ensure_tiny_model
-from services.coordinator.config import RunConfig
 
 
 def sft_checkpoint(args: argparse.Namespace, base_model: Path) -> tuple[Path, float, dict[str, Any]]:
@@ -89,11 +86,7 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "run_config.json", config)
 
-    try:
-        run_config = RunConfig.model_validate(config)
-    except ValidationError as exc:
-        raise SystemExit(f"invalid run config: {exc}") from exc
-    stack = Stack(StackConfig(model=sft_model.resolve(), state_dir=args.state_dir, lora_rank=run_config.lora.rank,
+    stack = Stack(StackConfig(model=sft_model.resolve(), state_dir=args.state_dir, lora_rank=config["lora"]["rank"],
                               resume_runs=False))
     with stack:
         stack.start()

@@ -21,10 +21,10 @@ from services.coordinator.episodes import Timers
 from services.coordinator.evaluation import EvalPlan, run_eval
 from services.coordinator.manager import load_tokenizer
 from services.env.config import EnvConfig
+from services.env.evalset import RECIPES
 
 PRESETS = {"easy": ("maze-easy-64", 9, 20), "hard": ("maze-hard-64", 11, 32)}
 MAX_EPISODES = EnvConfig.model_fields["max_batch"].default  # episodes one CreateEpisodes call creates
-EVAL_SET_SIZE = 64  # mazes in each fixed eval set
 
 
 def parse_seeds(text: str) -> range:
@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
     if args.adapter and not all((args.adapter / name).is_file() for name in storage.ADAPTER_FILES):
         raise SystemExit(f"--adapter {args.adapter}: no {' + '.join(storage.ADAPTER_FILES)} there")
     seeds = parse_seeds(args.seeds) if args.seeds else None  # checked before anything starts
-    mazes = len(seeds) if seeds is not None else EVAL_SET_SIZE
+    mazes = len(seeds) if seeds is not None else RECIPES[PRESETS[args.size][0]].num_tasks
     if max(mazes, mazes * args.samples) > MAX_EPISODES:  # the greedy and the sampled episodes: one call each
         raise SystemExit(f"{mazes} mazes x --samples {args.samples} is {mazes * args.samples} sampled episodes at "
                          f"once; the env service creates at most {MAX_EPISODES} in one call: fewer mazes or samples")

@@ -27,12 +27,11 @@ from services.common.procs import free_port, port_open, start_redis, stop_proces
 from services.rollout.config import RolloutConfig, lora_slot_rank
 
 SERVICES = ("env", "rollout", "learner", "coordinator")
+STARTUP_TIMEOUT_S = {"env": 60.0, "rollout": 420.0, "learner": 300.0, "coordinator": 60.0}
 
 
 class StackError(RuntimeError):
     """A service (or Redis) that could not be started; the message says which and why (log tail)."""
-
-STARTUP_TIMEOUT_S = {"env": 60.0, "rollout": 420.0, "learner": 300.0, "coordinator": 60.0}
 
 
 @dataclass

@@ -13,10 +13,11 @@ def read_config_file(path: Path) -> dict[str, Any]:
     """The file's top-level mapping ({} for an empty file); ValueError when it does not parse or is
     not a mapping, OSError when it cannot be read."""
     text = Path(path).read_text()
+    toml = Path(path).suffix == ".toml"
     try:
-        data = tomllib.loads(text) if Path(path).suffix == ".toml" else yaml.safe_load(text)
+        data = tomllib.loads(text) if toml else yaml.safe_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"{path}: not valid {'TOML' if Path(path).suffix == '.toml' else 'YAML'}: {exc}") from None
+        raise ValueError(f"{path}: not valid {'TOML' if toml else 'YAML'}: {exc}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -102,11 +102,11 @@ def trainable_parameters(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-def checkpoint_layers(model: Any) -> int:
-    """Turns on HF gradient checkpointing (non-reentrant) for every decoder and vision block; returns
-    how many. HF recomputes a block only when the block itself is in training mode, and the model
-    stays in eval mode (no dropout in the base model), so only the blocks' own flags are set: their
-    submodules, dropout included, stay in eval mode."""
+def checkpoint_layers(model: Any) -> None:
+    """Turns on HF gradient checkpointing (non-reentrant) for every decoder and vision block. HF
+    recomputes a block only when the block itself is in training mode, and the model stays in eval
+    mode (no dropout in the base model), so only the blocks' own flags are set: their submodules,
+    dropout included, stay in eval mode."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -115,7 +115,6 @@ def checkpoint_layers(model: Any) -> int:
         layer.training = True
     if not layers:
         raise ValueError(f"{type(model).__name__} has no checkpointable layers for activation_checkpointing")
-    return len(layers)
 
 
 def token_logprobs(

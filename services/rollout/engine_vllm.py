@@ -113,8 +113,6 @@ class VllmEngine:
         await self.generate([EngineRequest(prompt, Sampling(max_tokens=2), images)])
 
     async def generate(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
-        from vllm.v1.engine.exceptions import EngineDeadError
-
         if self._llm.errored:
             raise Unavailable("the vLLM engine has died; the service must be restarted")
         params = []
@@ -134,7 +132,7 @@ class VllmEngine:
             settled = await asyncio.gather(*tasks, return_exceptions=True)
             if isinstance(error, InvalidArgument):  # report the lowest index that was refused
                 raise next(e for e in settled if isinstance(e, InvalidArgument)) from None
-            if isinstance(error, EngineDeadError):
+            if _is_engine_dead(error):
                 raise Unavailable("the vLLM engine died during generation") from error
             raise
         return [_result(output) for output in outputs]
@@ -226,8 +224,6 @@ def _dead_engine_is_unavailable(what: str) -> Iterator[None]:
     engine error while `what` is a FAILED_PRECONDITION naming it."""
     try:
         yield
-    except RolloutError:
-        raise
     except Exception as exc:
         if _is_engine_dead(exc):
             raise Unavailable(f"the vLLM engine has died ({what}); the service must be restarted") from exc
