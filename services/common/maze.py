@@ -16,9 +16,14 @@ content hash (`evalset.py`) pins this; changing generation changes that hash and
 Solver: BFS distances to the goal are computed once per maze (`Maze.distance`); `solve` gives the
 optimal action sequence, `optimal_action` the optimal next action from any cell.
 
-Seeds (the contract that keeps training away from the eval sets of `services/env/evalset.py`):
-training seeds are drawn from [0, TRAIN_SEED_LIMIT) = [0, 1_000_000); [EVAL_SEED_MIN, EVAL_SEED_MAX)
-= [1e6, 2e6) is reserved for eval sets (`is_eval_seed`).
+Seeds and layouts (the contract that keeps training away from the eval sets of
+`services/env/evalset.py`): training seeds are drawn from [0, TRAIN_SEED_LIMIT) = [0, 1_000_000);
+[EVAL_SEED_MIN, EVAL_SEED_MAX) = [1e6, 2e6) is reserved for eval sets (`is_eval_seed`). Disjoint
+seeds are not disjoint mazes: the backtracker carves few distinct 4x4 layouts (about 3,800 over the
+first 100,000 seeds), so every eval maze also comes from some training seed. Layouts are therefore
+split too: a layout is reserved for evaluation when its hash falls in one of EVAL_LAYOUT_SHARE buckets
+(`is_eval_layout`, about one layout in 8). Eval sets hold only reserved layouts; training mazes skip
+them (`is_training_seed`, `training_seeds`), so no eval maze is ever trained on, whatever its seed.
 
 Shared code: the env serves these mazes, the SFT builds its expert data from them and the coordinator
 checks run configs against these rules; none of them imports another's modules.
@@ -26,6 +31,7 @@ checks run configs against these rules; none of them imports another's modules.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from collections import deque
@@ -47,12 +53,63 @@ MIN_SIZE = 5  # 2x2 cells; smaller grids have at most one cell
 TRAIN_SEED_LIMIT = 1_000_000
 EVAL_SEED_MIN = 1_000_000
 EVAL_SEED_MAX = 2_000_000
+EVAL_LAYOUT_SHARE = 8  # one layout in 8 (by hash) is reserved for eval sets
 _CELL = re.compile(r"^\s*\(?\s*(\d{1,9})\s*,\s*(\d{1,9})\s*\)?\s*$")  # 9 digits: int() never refuses
 
 
 def is_eval_seed(seed: int) -> bool:
     """Whether `seed` lies in the range reserved for eval sets (training must not use it)."""
     return EVAL_SEED_MIN <= seed < EVAL_SEED_MAX
+
+
+def layout_key(seed: int, size: int) -> bytes:
+    """Identifies the layout (the walls) of the maze of (seed, size): equal keys, the same maze."""
+    check_size(size)
+    walls = _carve_backtracker(num_cells_per_side(size), random.Random(seed))
+    return hashlib.sha256(f"mmrl-layout:{size}:".encode() + np.packbits(walls).tobytes()).digest()
+
+
+def is_eval_layout(key: bytes) -> bool:
+    """Whether the layout with this `layout_key` is reserved for eval sets (training never plays it)."""
+    return int.from_bytes(key[:8], "big") % EVAL_LAYOUT_SHARE == 0
+
+
+def is_training_seed(seed: int, size: int) -> bool:
+    """Whether training may play the maze of (seed, size): a training seed whose layout is not reserved."""
+    return 0 <= seed < TRAIN_SEED_LIMIT and not is_eval_layout(layout_key(seed, size))
+
+
+def training_seeds(first_seed: int, count: int, size: int) -> list[int]:
+    """The first `count` training seeds from `first_seed` on (skipping reserved layouts); ValueError
+    when they would reach the eval seed range."""
+    seeds: list[int] = []
+    seed = first_seed
+    while len(seeds) < count:
+        if seed >= TRAIN_SEED_LIMIT:
+            raise ValueError(f"{count} training mazes from seed {first_seed} reach the eval seed range "
+                             f"(>= {TRAIN_SEED_LIMIT:,})")
+        if is_training_seed(seed, size):
+            seeds.append(seed)
+        seed += 1
+    return seeds
+
+
+def eval_seeds(first_seed: int, count: int, size: int, exclude: frozenset[bytes] = frozenset()) -> list[int]:
+    """The first `count` eval-range seeds from `first_seed` on whose layouts are reserved for eval,
+    distinct, and not among the `exclude` layout keys; ValueError when the eval range runs out."""
+    seeds: list[int] = []
+    seen = set(exclude)
+    seed = first_seed
+    while len(seeds) < count:
+        if not is_eval_seed(seed):
+            raise ValueError(f"{count} eval mazes from seed {first_seed} leave the eval seed range "
+                             f"[{EVAL_SEED_MIN:,}, {EVAL_SEED_MAX:,})")
+        key = layout_key(seed, size)
+        if is_eval_layout(key) and key not in seen:
+            seen.add(key)
+            seeds.append(seed)
+        seed += 1
+    return seeds
 
 
 def parse_cell(text: str, n: int) -> Cell:

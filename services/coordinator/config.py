@@ -44,6 +44,8 @@ class EnvSettings(_Strict):
     def _odd(self) -> EnvSettings:
         if self.size % 2 == 0:
             raise ValueError(f"env.size must be odd, got {self.size}")
+        if "size" in self.options:  # the seeds' layouts are checked against eval sets at env.size
+            raise ValueError("set the maze size with env.size, not env.options.size")
         if self.random_start > 0:
             if "start" in self.options:
                 raise ValueError("env.random_start draws the start cell: it cannot be combined with env.options.start")

@@ -21,6 +21,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any
 
 from mmrl.v1 import env_pb2, learner_pb2, rollout_pb2
 from services.common.conversation import ChatTokens, Tokenizer
-from services.common.maze import TRAIN_SEED_LIMIT, num_cells_per_side  # training seeds are drawn below it
+from services.common.maze import TRAIN_SEED_LIMIT, is_training_seed, layout_key, num_cells_per_side
 from services.common.trajectory import Trajectory
 from services.coordinator import hindsight
 from services.coordinator.advantages import (
@@ -68,15 +69,22 @@ class RunContext:
     chat: ChatTokens
 
 
-def step_seeds(run_seed: int, step: int, round_index: int, count: int, exclude: set[int]) -> list[int]:
-    """Maze seeds of one sampling round of a step: a pure function of its arguments."""
+def step_seeds(run_seed: int, step: int, round_index: int, count: int, size: int,
+               exclude_layouts: frozenset[bytes] = frozenset()) -> list[int]:
+    """Maze seeds of one sampling round of a step, a pure function of its arguments: distinct
+    training seeds whose layouts at `size` are neither reserved for eval sets nor in `exclude_layouts`."""
     rng = random.Random(f"mmrl:{run_seed}:{step}:{round_index}")
     seeds: list[int] = []
     while len(seeds) < count:
         seed = rng.randrange(TRAIN_SEED_LIMIT)
-        if seed not in exclude and seed not in seeds:
+        if seed not in seeds and is_training_seed(seed, size) and layout_key(seed, size) not in exclude_layouts:
             seeds.append(seed)
     return seeds
+
+
+def spec_layouts(specs: Iterable[env_pb2.EpisodeSpec], default_size: int) -> frozenset[bytes]:
+    """The layout keys of these mazes (a spec without a size option has the run's)."""
+    return frozenset(layout_key(spec.seed, int(spec.options.get("size", default_size))) for spec in specs)
 
 
 def training_options(env: EnvSettings, run_seed: int, step: int, round_index: int, maze_seed: int) -> dict[str, str]:
@@ -173,7 +181,9 @@ async def execute_run(ctx: RunContext) -> RunState:
                                 "this rollout backend does not support it (set colocated: false)")
     eval_set = await svc.env.call("GetEvalSet", svc.env.stub.GetEvalSet,
                                   env_pb2.GetEvalSetRequest(name=cfg.eval.eval_set))
-    eval_seeds = {spec.seed for spec in eval_set.specs}
+    # Eval sets hold only layouts reserved for them, which training skips; the run's set is excluded by
+    # layout as well, so that no maze it evaluates on is trained on even if a set broke that rule.
+    eval_layouts = spec_layouts(eval_set.specs, cfg.env.size)
     learner = svc.learner
     await learner.call("ConfigureRun", learner.stub.ConfigureRun, learner_pb2.ConfigureRunRequest(
         run_id=run_id, config_json=json.dumps(cfg.learner_config())))
@@ -222,7 +232,7 @@ async def execute_run(ctx: RunContext) -> RunState:
             if pending is not None:
                 sampled, pending = await pending, None
             else:
-                sampled = await sample_step(ctx, step, adapter_version, sampling, eval_seeds)
+                sampled = await sample_step(ctx, step, adapter_version, sampling, eval_layouts)
             groups, timers = sampled.groups, sampled.timers
 
             # 4. Group-relative advantages on the coordinator; the learner only sees per-token arrays.
@@ -250,7 +260,7 @@ async def execute_run(ctx: RunContext) -> RunState:
                 learner_pb2.TrainStepRequest(run_id=run_id, trajectories=[
                     t.to_proto() for t in interleave(trajectories, relabelled)])))
             if cfg.grpo.async_rollout and step < cfg.steps:  # (never colocated: the config refuses both)
-                pending = asyncio.create_task(sample_step(ctx, step + 1, adapter_version, sampling, eval_seeds))
+                pending = asyncio.create_task(sample_step(ctx, step + 1, adapter_version, sampling, eval_layouts))
             try:
                 train = await training
             except ServiceError as exc:
@@ -328,7 +338,7 @@ class SampledStep:
 
 
 async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling: Sampling,
-                      eval_seeds: set[int]) -> SampledStep:
+                      eval_layouts: frozenset[bytes]) -> SampledStep:
     """Plays the B groups of one step with one adapter version. With dynamic sampling, each round
     plays the mazes still needed plus `extra_mazes`; groups whose rewards are all equal are
     dropped, and the informative ones fill the batch in play order. After `max_sampling_rounds`
@@ -344,7 +354,7 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
     for round_index in range(rounds):
         needed = cfg.grpo.mazes_per_step - len(groups)
         seeds = step_seeds(cfg.seed, step, round_index, needed + (cfg.grpo.extra_mazes if dynamic else 0),
-                           eval_seeds)
+                           cfg.env.size, eval_layouts)
         specs = [env_pb2.EpisodeSpec(seed=s, max_moves=cfg.env.max_moves,
                                      options=training_options(cfg.env, cfg.seed, step, round_index, s))
                  for s in seeds]

@@ -1,10 +1,15 @@
-"""Fixed, versioned evaluation sets and the seed ranges that keep training away from them.
+"""Fixed, versioned evaluation sets, kept apart from training by seed and by layout.
 
 Every set's seeds lie in the range `services/common/maze.py` reserves for eval sets
-([EVAL_SEED_MIN, EVAL_SEED_MAX) = [1e6, 2e6), `is_eval_seed`); training draws below TRAIN_SEED_LIMIT.
-Eval set "maze-easy-64" v1 (the default): seeds 1_000_000 + i for i in 0..63, size 9 (4x4 cells),
-max_moves 20, default start/goal. "maze-hard-64" v1: seeds 1_100_000 + i, size 11 (5x5 cells),
-max_moves 32.
+([EVAL_SEED_MIN, EVAL_SEED_MAX) = [1e6, 2e6), `is_eval_seed`), and every maze's layout is one of the
+layouts reserved for eval (`is_eval_layout`), which training never plays; a set holds no layout twice
+(`eval_seeds`). Eval set "maze-easy-64" v2 (the default): the first 64 such seeds from 1_000_000,
+size 9 (4x4 cells), max_moves 20, default start/goal. "maze-hard-64" v2: the first 64 from 1_100_000,
+size 11 (5x5 cells), max_moves 32. The seeds are listed in docs/env.md.
+
+v1 took seeds 1_000_000 + i and 1_100_000 + i for i in 0..63 without looking at their layouts: every
+v1 easy maze was also the layout of some training seed (40 of the 64 among the SFT's 2,000), and two
+of them were the same maze.
 
 Each set's content hash is the sha256 over, per spec in order, the spec as canonical JSON and the
 generated layout (`Maze.layout_text`, start and goal included). The hashes are recorded below;
@@ -19,7 +24,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from services.common.maze import generate_maze, is_eval_seed
+from services.common.maze import eval_seeds, generate_maze, is_eval_seed
 from services.env.config import EnvConfig
 from services.env.spec import EpisodeSpec, parse_spec
 
@@ -38,12 +43,12 @@ class EvalSetRecipe:
 
 RECIPES: dict[str, EvalSetRecipe] = {
     "maze-easy-64": EvalSetRecipe(
-        version="v1", first_seed=1_000_000, num_tasks=64, size=9, max_moves=20,
-        recorded_hash="75d7e6b3ffb05931d5062b7aea65b1b9ac4a26140ba66b2430d0ee96a19d35db",
+        version="v2", first_seed=1_000_000, num_tasks=64, size=9, max_moves=20,
+        recorded_hash="a74d58370bbd59e0df53cda0b0b6db36b1d0fcdcf1e46333006b237458703072",
     ),
     "maze-hard-64": EvalSetRecipe(
-        version="v1", first_seed=1_100_000, num_tasks=64, size=11, max_moves=32,
-        recorded_hash="149034ad1cad20ee6b3557800643d3687a7870494a06d8fc2365db65b8816e89",
+        version="v2", first_seed=1_100_000, num_tasks=64, size=11, max_moves=32,
+        recorded_hash="6675f417c666bb6650d19349b8da6e8a342d85a597c226734aa3ffb21812909c",
     ),
 }
 
@@ -79,8 +84,8 @@ def get_eval_set(name: str = "") -> EvalSet:
         raise KeyError(f"unknown eval set {name!r} (known: {', '.join(sorted(RECIPES))})")
     recipe = RECIPES[name]
     specs = tuple(
-        EpisodeSpec(seed=recipe.first_seed + i, max_moves=recipe.max_moves, options={"size": str(recipe.size)})
-        for i in range(recipe.num_tasks)
+        EpisodeSpec(seed=seed, max_moves=recipe.max_moves, options={"size": str(recipe.size)})
+        for seed in eval_seeds(recipe.first_seed, recipe.num_tasks, recipe.size)
     )
     assert all(is_eval_seed(spec.seed) for spec in specs)
     return EvalSet(name=name, version=recipe.version, content_hash=content_hash(specs), specs=specs)

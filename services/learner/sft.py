@@ -45,11 +45,12 @@ from services.common.conversation import (
     TokenConversation,
     expand_image_placeholders,
 )
-from services.common.maze import (  # seeds at or above TRAIN_SEED_LIMIT are reserved for eval sets
+from services.common.maze import (  # the eval sets' seeds and layouts are never trained on
     DIRECTIONS,
     TRAIN_SEED_LIMIT,
     generate_maze,
     num_cells_per_side,
+    training_seeds,
 )
 from services.common.trajectory import Trajectory
 from services.learner.batch import ModelSpec, collate, decode_image, prepare_batch
@@ -58,6 +59,9 @@ from services.learner.trainer import micro_batches
 
 log = logging.getLogger("mmrl.learner.sft")
 ACTIONS = ("up", "down", "left", "right")
+# Part of the fingerprint: bumped when the same config builds other data. 2: the training mazes skip
+# the layouts reserved for eval sets (1 took seeds first_seed.. whatever their layouts).
+SFT_DATA_VERSION = 2
 _ADDED_LATER = ("detour_moves", "reading_updates", "reading_batch_size")
 READING_QUESTION = "Which moves are open from your cell?"
 
@@ -71,7 +75,8 @@ class SftConfig(BaseModel):
     out: str = Field(..., description="Output model directory (standard HF layout).")
     size: int = Field(9, ge=5, le=51, description="Maze grid side (odd).")
     max_moves: int = Field(20, ge=1, description="Move budget of each expert episode.")
-    num_mazes: int = Field(2000, ge=1, description="Distinct training mazes (seeds first_seed..).")
+    num_mazes: int = Field(
+        2000, ge=1, description="Training mazes: the first num_mazes training seeds from first_seed (eval layouts skipped).")
     first_seed: int = Field(500_000, ge=0, lt=1_000_000, description="First training seed (< 1e6: never eval).")
     perturb_prob: float = Field(0.0, ge=0.0, lt=1.0, description="Chance of an untrained random move per turn.")
     detour_moves: int = Field(
@@ -106,7 +111,12 @@ class SftConfig(BaseModel):
 
         # Fields added later count only when set, so earlier checkpoints keep their fingerprint.
         added_later = {name for name in _ADDED_LATER if getattr(self, name) == type(self).model_fields[name].default}
-        return hashlib.sha256(self.model_dump_json(exclude={"out", "save_at", *added_later}).encode()).hexdigest()[:16]
+        fields = self.model_dump_json(exclude={"out", "save_at", *added_later})
+        return hashlib.sha256(f"{SFT_DATA_VERSION}:{fields}".encode()).hexdigest()[:16]
+
+    def maze_seeds(self) -> list[int]:
+        """The training mazes' seeds: from first_seed on, skipping layouts reserved for eval sets."""
+        return training_seeds(self.first_seed, self.num_mazes, self.size)
 
 
 def expert_conversations(
@@ -117,10 +127,11 @@ def expert_conversations(
     chat = ChatTokens.from_tokenizer(tokenizer)
     rng = random.Random(config.seed)
     trajectories: list[Trajectory] = []
+    maze_seeds = config.maze_seeds()
     with grpc.insecure_channel(env_address) as sync_channel:
         stub = env_pb2_grpc.EnvServiceStub(sync_channel)
-        for first in range(0, config.num_mazes, batch):
-            seeds = range(config.first_seed + first, config.first_seed + min(first + batch, config.num_mazes))
+        for first in range(0, len(maze_seeds), batch):
+            seeds = maze_seeds[first:first + batch]
             specs = [env_pb2.EpisodeSpec(seed=s, max_moves=config.max_moves,
                                          options={"size": str(config.size)}) for s in seeds]
             created = stub.CreateEpisodes(env_pb2.CreateEpisodesRequest(specs=specs), timeout=120)
@@ -183,8 +194,9 @@ def frame_reading_questions(
     chat = ChatTokens.from_tokenizer(tokenizer)
     n = num_cells_per_side(config.size)
     picks = []
+    maze_seeds = config.maze_seeds()
     for _ in range(count):
-        seed = rng.randrange(config.first_seed, config.first_seed + config.num_mazes)
+        seed = maze_seeds[rng.randrange(len(maze_seeds))]
         cell = divmod(rng.randrange(n * n - 1), n)  # the goal, the last cell, is never drawn
         picks.append((seed, cell))
     specs = [env_pb2.EpisodeSpec(seed=seed, max_moves=config.max_moves,

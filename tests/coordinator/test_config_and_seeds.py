@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.coordinator.config import EnvSettings, RunConfig, load_run_config
-from services.coordinator.runloop import TRAIN_SEED_LIMIT, step_seeds, training_options
+from services.coordinator.runloop import TRAIN_SEED_LIMIT, spec_layouts, step_seeds, training_options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,22 +92,36 @@ def test_a_cosine_schedule_decays_over_the_runs_optimiser_steps() -> None:
 
 
 def test_the_seeds_of_a_step_are_a_pure_function_of_run_seed_and_step() -> None:
-    assert step_seeds(0, 5, 0, 8, set()) == step_seeds(0, 5, 0, 8, set())
-    assert step_seeds(0, 5, 0, 8, set()) != step_seeds(0, 6, 0, 8, set())
-    assert step_seeds(0, 5, 0, 8, set()) != step_seeds(1, 5, 0, 8, set())
-    assert len(set(step_seeds(3, 1, 0, 64, set()))) == 64
+    assert step_seeds(0, 5, 0, 8, 9) == step_seeds(0, 5, 0, 8, 9)
+    assert step_seeds(0, 5, 0, 8, 9) != step_seeds(0, 6, 0, 8, 9)
+    assert step_seeds(0, 5, 0, 8, 9) != step_seeds(1, 5, 0, 8, 9)
+    assert len(set(step_seeds(3, 1, 0, 64, 9))) == 64
 
 
-def test_training_seeds_never_touch_the_eval_sets() -> None:
-    from services.common.maze import is_eval_seed
+def test_training_mazes_never_have_an_eval_set_layout() -> None:
+    """The issue's guarantee: no eval maze is trained on, by seed or by layout."""
+    from services.common.maze import is_eval_layout, is_eval_seed, layout_key
     from services.env.evalset import RECIPES, get_eval_set
 
-    eval_seeds = {spec.seed for name in RECIPES for spec in get_eval_set(name).specs}
-    assert TRAIN_SEED_LIMIT <= min(eval_seeds)
-    for step in range(0, 300):
-        for run_seed in (0, 2**31 - 1):  # drawn without excluding anything: disjoint by construction
-            for seed in step_seeds(run_seed, step, step % 3, 16, set()):
-                assert seed not in eval_seeds and not is_eval_seed(seed)
+    for name, recipe in RECIPES.items():
+        eval_set = get_eval_set(name)
+        eval_seeds = {spec.seed for spec in eval_set.specs}
+        eval_layouts = spec_layouts(eval_set.specs, recipe.size)
+        assert TRAIN_SEED_LIMIT <= min(eval_seeds)
+        for step in range(0, 150):
+            for run_seed in (0, 2**31 - 1):
+                for seed in step_seeds(run_seed, step, step % 3, 16, recipe.size):
+                    key = layout_key(seed, recipe.size)
+                    assert seed not in eval_seeds and not is_eval_seed(seed)
+                    assert key not in eval_layouts and not is_eval_layout(key)
+
+
+def test_step_seeds_skip_the_layouts_they_are_told_to() -> None:
+    from services.common.maze import layout_key
+
+    seeds = step_seeds(0, 1, 0, 8, 9)
+    without_first = step_seeds(0, 1, 0, 8, 9, frozenset([layout_key(seeds[0], 9)]))
+    assert seeds[0] not in without_first and without_first[:7] == seeds[1:]
 
 
 def test_sampling_seeds_past_int64_fit_the_rollout_request_and_run_seeds_are_bounded() -> None:
@@ -161,3 +175,9 @@ def test_run_ids_made_from_any_name_are_valid_on_shared_storage(name: str) -> No
 
     run_id = new_run_id(name)
     assert validate_run_id(run_id) == run_id
+
+
+def test_the_maze_size_is_set_by_env_size_only() -> None:
+    """Training seeds are checked against the eval layouts at env.size: options may not change it."""
+    with pytest.raises(ValidationError, match="env.size"):
+        EnvSettings(size=9, options={"size": "11"})

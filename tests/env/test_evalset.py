@@ -1,4 +1,4 @@
-"""The fixed eval sets are pinned by content hash and never share seeds with training."""
+"""The fixed eval sets are pinned by content hash and never share seeds or layouts with training."""
 
 from __future__ import annotations
 
@@ -6,7 +6,16 @@ import dataclasses
 
 import pytest
 
-from services.common.maze import EVAL_SEED_MAX, EVAL_SEED_MIN, TRAIN_SEED_LIMIT, is_eval_seed
+from services.common.maze import (
+    EVAL_SEED_MAX,
+    EVAL_SEED_MIN,
+    TRAIN_SEED_LIMIT,
+    eval_seeds,
+    is_eval_layout,
+    is_eval_seed,
+    is_training_seed,
+    layout_key,
+)
 from services.env.evalset import DEFAULT_EVAL_SET, RECIPES, content_hash, get_eval_set
 
 
@@ -15,13 +24,15 @@ def test_eval_set_content_hash_matches_the_recorded_hash(name: str) -> None:
     """Fails when maze generation, the eval seeds or the specs change: that needs a new version."""
     eval_set = get_eval_set(name)
     assert eval_set.content_hash == RECIPES[name].recorded_hash
-    assert eval_set.version == "v1"
+    assert eval_set.version == "v2"
 
 
 def test_the_default_eval_set_is_64_easy_mazes_from_documented_seeds() -> None:
     eval_set = get_eval_set("")
     assert eval_set.name == DEFAULT_EVAL_SET == "maze-easy-64"
-    assert [spec.seed for spec in eval_set.specs] == [1_000_000 + i for i in range(64)]
+    seeds = [spec.seed for spec in eval_set.specs]
+    assert seeds[:8] == [1_000_017, 1_000_021, 1_000_022, 1_000_023, 1_000_028, 1_000_037, 1_000_040, 1_000_054]
+    assert len(seeds) == 64 and seeds[-1] == 1_000_504  # the full list is in docs/env.md
     assert all(spec.max_moves == 20 and dict(spec.options) == {"size": "9"} for spec in eval_set.specs)
 
 
@@ -40,6 +51,40 @@ def test_eval_seeds_are_disjoint_from_training_seeds() -> None:
         assert all(is_eval_seed(spec.seed) for spec in get_eval_set(name).specs)
     assert not is_eval_seed(0) and not is_eval_seed(TRAIN_SEED_LIMIT - 1)
     assert is_eval_seed(1_000_000) and not is_eval_seed(EVAL_SEED_MAX)
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_eval_sets_hold_distinct_layouts_that_training_never_plays(name: str) -> None:
+    """Disjoint seeds are not enough: the backtracker carves the same 4x4 layout from many seeds."""
+    recipe = RECIPES[name]
+    keys = [layout_key(spec.seed, recipe.size) for spec in get_eval_set(name).specs]
+    assert len(set(keys)) == len(keys) == recipe.num_tasks
+    assert all(is_eval_layout(key) for key in keys)
+    # Every seed of the eval range the set passed over was rejected for its layout.
+    seeds = [spec.seed for spec in get_eval_set(name).specs]
+    skipped = set(range(recipe.first_seed, seeds[-1])) - set(seeds)
+    assert all(not is_eval_layout(layout_key(s, recipe.size)) or layout_key(s, recipe.size) in keys for s in skipped)
+    # ... and training, which draws by seed, plays none of them: the training seeds that carve an
+    # eval layout (there are many) are exactly the ones `is_training_seed` refuses.
+    carving = [s for s in range(20_000) if layout_key(s, recipe.size) in set(keys)]
+    if recipe.size == 9:
+        assert len(carving) > 100
+    assert not any(is_training_seed(s, recipe.size) for s in carving)
+
+
+def test_layouts_repeat_across_seeds_and_about_one_in_eight_is_reserved() -> None:
+    keys = [layout_key(seed, 9) for seed in range(5_000)]
+    distinct = set(keys)
+    assert len(distinct) < 3_000  # seeds are not mazes
+    assert 0.08 < sum(map(is_eval_layout, distinct)) / len(distinct) < 0.17
+    assert layout_key(5, 9) == layout_key(5, 9) != layout_key(5, 11)
+
+
+def test_eval_seeds_stay_in_the_eval_range() -> None:
+    with pytest.raises(ValueError, match="eval seed range"):
+        eval_seeds(EVAL_SEED_MAX - 100, 64, 9)
+    first = eval_seeds(EVAL_SEED_MIN, 3, 9)
+    assert eval_seeds(EVAL_SEED_MIN, 3, 9, exclude=frozenset([layout_key(first[0], 9)]))[:2] == first[1:]
 
 
 def test_eval_sets_do_not_overlap() -> None:

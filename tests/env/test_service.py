@@ -17,7 +17,7 @@ from services.common.grpc_server import RunningServer, channel, start_server
 from services.common.maze import generate_maze, solve
 from services.env.config import EnvConfig
 from services.env.environment import MazeEnv
-from services.env.evalset import RECIPES
+from services.env.evalset import RECIPES, get_eval_set
 from services.env.render import MazeRenderer
 from services.env.servicer import SERVICE_NAME, EnvServicer
 
@@ -194,9 +194,9 @@ async def test_the_live_episode_limit_is_resource_exhausted(service: Service) ->
 
 async def test_get_eval_set_returns_the_default_and_named_sets(service: Service) -> None:
     default = await service.stub.GetEvalSet(env_pb2.GetEvalSetRequest())
-    assert (default.name, default.version) == ("maze-easy-64", "v1")
+    assert (default.name, default.version) == ("maze-easy-64", "v2")
     assert default.content_hash == RECIPES["maze-easy-64"].recorded_hash
-    assert [s.seed for s in default.specs] == [1_000_000 + i for i in range(64)]
+    assert [s.seed for s in default.specs] == [s.seed for s in get_eval_set("maze-easy-64").specs]
     assert all(s.max_moves == 20 and dict(s.options) == {"size": "9"} for s in default.specs)
     hard = await service.stub.GetEvalSet(env_pb2.GetEvalSetRequest(name="maze-hard-64"))
     assert hard.specs[0].options["size"] == "11"
@@ -204,7 +204,7 @@ async def test_get_eval_set_returns_the_default_and_named_sets(service: Service)
     assert "unknown eval set 'x'" in details
     # Eval specs are directly playable.
     episodes = await _create(service, *default.specs[:4])
-    assert [e.info["seed"] for e in episodes] == [1_000_000 + i for i in range(4)]
+    assert [e.info["seed"] for e in episodes] == [s.seed for s in default.specs[:4]]
 
 
 async def test_health_reports_serving(service: Service) -> None:

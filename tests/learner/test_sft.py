@@ -45,6 +45,31 @@ def test_sft_data_can_never_reach_the_eval_seed_range() -> None:
     assert not any(is_eval_seed(s) for s in range(config.first_seed, config.first_seed + config.num_mazes))
 
 
+def test_sft_mazes_skip_the_layouts_reserved_for_eval_sets(tiny_model_dir: Path) -> None:
+    """The SFT's data are never an eval maze, by seed or by layout: its first 2,000 seeds from
+    500,000 would carve 29 of the default eval set's 64 layouts."""
+    from transformers import AutoTokenizer
+
+    from services.common.maze import is_eval_layout, layout_key
+    from services.env.evalset import get_eval_set
+    from services.learner.sft import expert_conversations
+
+    eval_layouts = {layout_key(spec.seed, 9) for spec in get_eval_set().specs}
+    default = SftConfig(base_model="m", out="o")
+    by_seed = range(default.first_seed, default.first_seed + default.num_mazes)
+    assert len(eval_layouts & {layout_key(s, 9) for s in by_seed}) > 20  # 29 of 64: what skipping prevents
+    seeds = default.maze_seeds()
+    assert len(seeds) == len(set(seeds)) == default.num_mazes and seeds[0] >= default.first_seed
+    assert not eval_layouts & {layout_key(s, 9) for s in seeds}
+    assert not any(is_eval_layout(layout_key(s, 9)) for s in seeds)
+    # The conversations the SFT trains on are played on exactly those mazes.
+    config = SftConfig(base_model="m", out="o", num_mazes=40)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    played = _with_env_service(lambda address: expert_conversations(address, config, tokenizer, lambda _f: 25))
+    assert sorted(int(t.trajectory_id.removeprefix("sft-")) for t in played) == config.maze_seeds()
+    assert config.maze_seeds() != list(range(config.first_seed, config.first_seed + 40))
+
+
 def test_a_short_sft_learns_the_expert_moves_and_saves_a_loadable_model(tiny_model_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForImageTextToText
 
@@ -135,7 +160,7 @@ def test_frame_reading_answers_with_the_moves_the_env_service_lets_through(tiny_
 
     asked = _with_env_service(ask_and_check)
     assert len(asked) == 40 and len(set(asked)) > 20
-    assert all(700_000 <= seed < 700_005 and (row, col) != (3, 3) for seed, row, col in asked)  # never on the goal
+    assert all(seed in config.maze_seeds() and (row, col) != (3, 3) for seed, row, col in asked)  # never on the goal
 
 
 def test_frame_reading_runs_before_the_expert_updates_and_counts_in_the_fingerprint(
