@@ -22,6 +22,7 @@ ACTIONS: tuple[str, ...] = (*DIRECTIONS, STOP)
 SYNONYMS: dict[str, Action] = {"north": "up", "south": "down", "west": "left", "east": "right"}
 
 _THINK = re.compile(r"<think>.*?</think>", re.IGNORECASE | re.DOTALL)
+_THINK_CLOSE = re.compile(r"</think>", re.IGNORECASE)
 _ANSWER_OPEN = re.compile(r"<answer>", re.IGNORECASE)
 _ANSWER_CLOSE = re.compile(r"</answer>", re.IGNORECASE)
 # Whole words only: "upward", "stopped" or "Right-hand" letters around a word do not count.
@@ -34,7 +35,12 @@ def answer_span(text: str) -> str:
     """The part of `text` that holds the answer (rules 1 and 2 above)."""
     if "<" not in text:
         return text
-    text = _THINK.sub(" ", text)
+    # Only up to the last </think>: `<think>` openings after it cannot start a block, and searching
+    # from each of them for a close that never comes made a long action quadratic.
+    closes = list(_THINK_CLOSE.finditer(text))
+    if closes:
+        end = closes[-1].end()
+        text = _THINK.sub(" ", text[:end]) + text[end:]
     opens = list(_ANSWER_OPEN.finditer(text))
     if not opens:
         return text

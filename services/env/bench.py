@@ -52,7 +52,7 @@ def _say(message: str) -> None:
 
 
 def _specs(args: argparse.Namespace, round_index: int) -> list[EpisodeSpec]:
-    options = {"size": str(args.size), "require_stop": "true"}
+    options = {"size": str(args.size), "unit_px": str(args.unit_px), "require_stop": "true"}
     num_seeds = max(1, args.batch_size // args.group_size)
     return [
         EpisodeSpec(seed=(round_index * num_seeds + i % num_seeds) % 1_000_000, max_moves=args.moves, options=options)
@@ -67,7 +67,7 @@ def _action_batches(args: argparse.Namespace) -> list[list[str]]:
 
 def bench_inproc(args: argparse.Namespace, frame_cache: bool) -> float:
     """Episode-steps per second of MazeEnv.step, one process, one thread."""
-    env = MazeEnv(EnvConfig(frame_cache=frame_cache, max_batch=max(4096, args.batch_size)))
+    env = MazeEnv(_config(args, frame_cache))
     batches = _action_batches(args)
     num_steps, step_time, round_index = 0, 0.0, 0
     deadline = time.perf_counter() + args.seconds
@@ -100,12 +100,18 @@ def bench_render(args: argparse.Namespace) -> tuple[float, int]:
     return num_frames / (time.perf_counter() - started), round(statistics.mean(sizes))
 
 
+def _config(args: argparse.Namespace, frame_cache: bool) -> EnvConfig:
+    """The env settings of both measurements: room for a whole batch in one call."""
+    return EnvConfig(frame_cache=frame_cache, max_batch=max(4096, args.batch_size),
+                     max_live_episodes=max(16384, args.batch_size))
+
+
 @contextmanager
-def server_subprocess(frame_cache: bool = True) -> Iterator[str]:
-    """Starts `python -m services.env.main` on a free loopback port; yields its address."""
+def server_subprocess(config: EnvConfig) -> Iterator[str]:
+    """Starts `python -m services.env.main` with `config` on a free loopback port; yields its address."""
     with tempfile.TemporaryDirectory() as tmp:
         log_path, config_path = Path(tmp) / "server.log", Path(tmp) / "env.yaml"
-        config_path.write_text(f"frame_cache: {str(frame_cache).lower()}\n")
+        config_path.write_text(json.dumps(config.model_dump(mode="json")) + "\n")
         with log_path.open("w") as log_file:
             process = subprocess.Popen(
                 [sys.executable, "-m", "services.env.main", "--host", "127.0.0.1", "--port", "0",
@@ -170,7 +176,7 @@ def _measure(label: str, fn: Callable[[], Any]) -> Any:
 
 
 def _grpc(args: argparse.Namespace, frame_cache: bool) -> tuple[float, list[float]]:
-    with server_subprocess(frame_cache) as address:
+    with server_subprocess(_config(args, frame_cache)) as address:
         return asyncio.run(bench_grpc(args, address))
 
 

@@ -152,7 +152,8 @@ class MazeEnv:
             self._renderers.move_to_end(key)
             return renderer
         maze = generate_maze(settings.seed, settings.size, settings.start, settings.goal)
-        renderer = MazeRenderer(maze, settings.unit_px, cache=self.config.frame_cache)
+        renderer = MazeRenderer(maze, settings.unit_px, cache=self.config.frame_cache,
+                                cache_bytes=self.config.frame_cache_bytes)
         if self.config.maze_cache_size > 0:
             self._renderers[key] = renderer
             while len(self._renderers) > self.config.maze_cache_size:

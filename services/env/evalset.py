@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass
 
 from services.common.maze import eval_seeds, generate_maze, is_eval_seed
+from services.common.messages import shown
 from services.env.config import EnvConfig
 from services.env.spec import EpisodeSpec, parse_spec
 
@@ -81,7 +82,7 @@ def get_eval_set(name: str = "") -> EvalSet:
     """The eval set called `name` ("" = the default set); KeyError for an unknown name."""
     name = name or DEFAULT_EVAL_SET
     if name not in RECIPES:
-        raise KeyError(f"unknown eval set {name!r} (known: {', '.join(sorted(RECIPES))})")
+        raise KeyError(f"unknown eval set {shown(name)} (known: {', '.join(sorted(RECIPES))})")
     recipe = RECIPES[name]
     specs = tuple(
         EpisodeSpec(seed=seed, max_moves=recipe.max_moves, options={"size": str(recipe.size)})

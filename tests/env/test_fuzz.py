@@ -5,12 +5,13 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
 from services.common.maze import Cell, generate_maze
-from services.env.actions import ACTIONS, parse_action
+from services.env.actions import ACTIONS, answer_span, parse_action
 from services.env.config import EnvConfig
 from services.env.episode import Episode
 from services.env.render import AGENT, MazeRenderer
@@ -37,6 +38,43 @@ def _fresh_frame(settings_: EpisodeSettings, position: Cell) -> bytes:
 @settings(max_examples=400, deadline=None)
 def test_any_action_text_parses_to_an_action_or_none(text: str) -> None:
     assert parse_action(text) in (*ACTIONS, None)
+
+
+THINK_TEXT = st.lists(st.sampled_from(["<think>", "</think>", "<THINK>", "</Think>", "up", "left", " ", "x"]),
+                      max_size=30).map("".join)
+
+
+@given(THINK_TEXT)
+@settings(max_examples=400, deadline=None)
+def test_think_blocks_are_dropped_as_one_pass_over_the_whole_text_would(text: str) -> None:
+    """answer_span strips <think> blocks only up to the last </think> (linear time); the result is
+    the same as stripping them from the whole text."""
+    assert answer_span(text) == answer_span_reference(text)
+
+
+def answer_span_reference(text: str) -> str:
+    import re
+
+    stripped = re.sub(r"<think>.*?</think>", " ", text, flags=re.IGNORECASE | re.DOTALL)
+    return answer_span(stripped) if "<answer>" in stripped.lower() else stripped
+
+
+def test_think_openings_after_the_last_close_are_never_searched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`"<think>" * 1170` made the block search quadratic (8 s for one 256-action Step)."""
+    from services.env import actions
+
+    searched: list[int] = []
+
+    class Recording:
+        def sub(self, repl: str, text: str) -> str:
+            searched.append(len(text))
+            return THINK.sub(repl, text)
+
+    THINK = actions._THINK
+    monkeypatch.setattr(actions, "_THINK", Recording())
+    assert parse_action("<think>go left</think> up" + "<think>" * 1170) == "up"
+    assert searched == [len("<think>go left</think>")]
+    assert parse_action("<think>" * 1170 + "down") == "down" and searched == [len("<think>go left</think>")]
 
 
 @given(

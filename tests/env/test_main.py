@@ -69,3 +69,15 @@ def test_bench_prints_one_json_object_as_its_last_line(capsys: pytest.CaptureFix
         assert result[key] > 0, key
     assert result["grpc_server"] == "subprocess" and result["frame_cache"] is True
     assert len(lines) > 1, "progress lines come first"
+
+
+def test_bench_steps_use_the_unit_px_asked_for_and_take_batches_past_the_default_limit() -> None:
+    """Both step measurements play frames at `--unit-px`, and the gRPC server takes a batch above
+    the default max_batch of 4096, as the in-process one does."""
+    import argparse
+
+    args = argparse.Namespace(size=9, unit_px=16, batch_size=4100, group_size=100, moves=1, seconds=0.0)
+    assert all(spec.options["unit_px"] == "16" for spec in bench._specs(args, 0))
+    assert bench.bench_inproc(args, frame_cache=True) > 0
+    steps_per_s, latencies = bench._grpc(args, frame_cache=True)  # INVALID_ARGUMENT before
+    assert steps_per_s > 0 and len(latencies) == 1  # one measured round (round 0 warms up) of one move

@@ -78,6 +78,19 @@ def test_the_frame_cache_returns_the_same_bytes_as_rendering() -> None:
         assert cached.render(cell) == uncached.render(cell)
 
 
+def test_the_frame_cache_keeps_at_most_its_byte_budget_per_maze() -> None:
+    maze = generate_maze(3, 51)
+    n = maze.num_cells_per_side
+    renderer = MazeRenderer(maze, 19, cache=True, cache_bytes=1 << 20)
+    reference = MazeRenderer(maze, 19, cache=False)
+    cells = [(r, c) for r in range(0, n, 3) for c in range(0, n, 3)]
+    for cell in [*cells, *cells[:5]]:
+        assert renderer.render(cell) == reference.render(cell)
+    assert 0 < renderer.cached_bytes <= 1 << 20
+    assert sum(map(len, renderer._frames.values())) == renderer.cached_bytes
+    assert len(renderer._frames) < len(cells)  # all of them would take about 2.4 MB
+
+
 def test_the_agent_on_the_goal_shows_both_colours() -> None:
     maze = generate_maze(1, 9)
     pixels = _decode(MazeRenderer(maze, 8).render(maze.goal))

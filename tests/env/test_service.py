@@ -202,6 +202,11 @@ async def test_get_eval_set_returns_the_default_and_named_sets(service: Service)
     assert hard.specs[0].options["size"] == "11"
     details = await _expect(grpc.StatusCode.NOT_FOUND, service.stub.GetEvalSet(env_pb2.GetEvalSetRequest(name="x")))
     assert "unknown eval set 'x'" in details
+    # A long name is quoted short: echoed whole, it passed gRPC's metadata limit and the status
+    # became RESOURCE_EXHAUSTED.
+    details = await _expect(grpc.StatusCode.NOT_FOUND,
+                            service.stub.GetEvalSet(env_pb2.GetEvalSetRequest(name="y" * 20_000)))
+    assert "(20000 characters)" in details
     # Eval specs are directly playable.
     episodes = await _create(service, *default.specs[:4])
     assert [e.info["seed"] for e in episodes] == [s.seed for s in default.specs[:4]]
