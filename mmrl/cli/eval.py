@@ -18,7 +18,7 @@ from services.common import storage
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT, ChatTokens
 from services.coordinator.clients import CallPolicy, Services
 from services.coordinator.episodes import Timers
-from services.coordinator.evaluation import EvalPlan, run_eval
+from services.coordinator.evaluation import EvalPlan, eval_turn_limit, run_eval
 from services.coordinator.manager import load_tokenizer
 from services.env.config import EnvConfig
 from services.env.evalset import RECIPES
@@ -55,7 +55,7 @@ async def evaluate(
             run_id, version, path = adapter
             await services.rollouts[0].load_adapter(run_id, version, path)
         tokenizer = load_tokenizer(str(model))
-        max_turns = max(int(s.max_moves) for s in specs)
+        max_turns = eval_turn_limit(specs, max_moves)
         sampled = f", then {samples} sampled episodes each" if samples else ""
         print(f"evaluating {len(specs)} mazes: greedy{sampled}, up to {max_turns} turns, all mazes at once ...",
               file=sys.stderr, flush=True)

@@ -87,12 +87,19 @@ class RolloutClient(_Client):
         super().__init__(address, policy)
         self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
 
-    async def load_adapter(self, run_id: str, version: int, path: str) -> rollout_pb2.LoadAdapterResponse:
+    async def load_adapter(self, run_id: str, version: int, path: str,
+                           manifest_sha256: str = "") -> rollout_pb2.LoadAdapterResponse:
+        """Loads the adapter version and checks what the replica confirms: the version, and the
+        manifest checksum the learner published when one is given."""
         reply = await self.call("LoadAdapter", self.stub.LoadAdapter,
                                 rollout_pb2.LoadAdapterRequest(run_id=run_id, version=version, path=path))
         if reply.version != version:
             raise ServiceError(self.service, self.address, "LoadAdapter", "MISMATCH",
                                f"asked for version {version}, replica confirmed {reply.version}")
+        if manifest_sha256 and reply.manifest_sha256 != manifest_sha256:
+            raise ServiceError(self.service, self.address, "LoadAdapter", "MISMATCH",
+                               f"version {version} was published with manifest sha256 {manifest_sha256}, "
+                               f"the replica loaded {reply.manifest_sha256}")
         return reply
 
 

@@ -255,6 +255,9 @@ class RunConfig(_Strict):
         if self.optim.lr_schedule == "cosine" and self.optim.warmup_steps >= self.steps * self.optim.steps_per_train_step:
             raise ValueError("optim.warmup_steps must be shorter than the run (steps x num_minibatches x epochs "
                              "optimiser steps) to leave room for the cosine decay")
+        if self.grpo.hindsight_advantage > 0 and self.env.options.get("require_stop", "").strip().lower() in ("true", "1", "yes"):
+            raise ValueError("grpo.hindsight_advantage replays the loop-erased path, which drops the final "
+                             "'stop' that env.options.require_stop needs: every replay would go unsolved")
         if self.grpo.async_rollout and self.grpo.old_logprobs == "rollout":
             raise ValueError("grpo.async_rollout samples with the version before the learner's, so the "
                              "rollout log-probs are not the old policy (set grpo.old_logprobs: learner)")
@@ -326,7 +329,8 @@ class CoordinatorSettings(BaseSettings):
     resume_runs: bool = Field(True, description="Resume runs left running by a previous coordinator.")
     run_restarts: int = Field(3, ge=0, le=100, description=(
         "Times a run resumes from its newest checkpoint after losing a service (UNAVAILABLE after the "
-        "retries, or a learner that no longer holds the run: it was restarted)."))
+        "retries, or a learner that no longer holds the run: it was restarted), each time the coordinator "
+        "drives it (after a coordinator restart or a resume the count starts again)."))
     service_wait_s: float = Field(600.0, ge=0, description="How long a run waits for a lost service to come back.")
 
     def endpoints_for(self, config: RunConfig) -> Endpoints:

@@ -26,6 +26,12 @@ class EvalPlan:
     system_prompt: str
 
 
+def eval_turn_limit(specs: list[env_pb2.EpisodeSpec], default: int) -> int:
+    """Turns an eval plays: the longest move budget of its mazes (a spec of 0 has `default`). An eval
+    set's own budgets decide, not a run's training settings, so a run and `mmrl eval` agree."""
+    return max((int(spec.max_moves) or default for spec in specs), default=default)
+
+
 def solve_rate(episodes: list[EpisodeResult]) -> float:
     return sum(e.solved for e in episodes) / len(episodes) if episodes else 0.0
 

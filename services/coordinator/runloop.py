@@ -48,7 +48,7 @@ from services.coordinator.advantages import (
 from services.coordinator.clients import ServiceError, Services
 from services.coordinator.config import EnvSettings, RunConfig
 from services.coordinator.episodes import EpisodeResult, Sampling, Timers, play_episodes
-from services.coordinator.evaluation import EvalPlan, episode_record, run_eval
+from services.coordinator.evaluation import EvalPlan, episode_record, eval_turn_limit, run_eval
 from services.coordinator.store import RunState, RunStore, state_change
 
 log = logging.getLogger("mmrl.coordinator.runloop")
@@ -207,7 +207,8 @@ async def execute_run(ctx: RunContext) -> RunState:
     eval_specs = list(eval_set.specs)[: cfg.eval.max_tasks or None]
     plan = EvalPlan(specs=eval_specs, max_tokens=cfg.sampling.max_tokens,
                     sampled_samples=cfg.eval.sampled_samples,
-                    sampled_temperature=cfg.eval.sampled_temperature, max_turns=cfg.turn_limit,
+                    sampled_temperature=cfg.eval.sampled_temperature,
+                    max_turns=eval_turn_limit(eval_specs, cfg.env.max_moves),
                     system_prompt=cfg.system_prompt)
     evals_done = {int(e["step"]) for e in await store.evals(run_id)}
     if start_step == 0 and 0 not in evals_done:
@@ -398,7 +399,7 @@ async def publish_and_load(ctx: RunContext, timers: Timers) -> int:
     published = await learner.call("PublishAdapter", learner.stub.PublishAdapter,
                                    learner_pb2.PublishAdapterRequest(run_id=ctx.run_id))
     for replica in ctx.services.rollouts:
-        await replica.load_adapter(ctx.run_id, int(published.version), published.path)
+        await replica.load_adapter(ctx.run_id, int(published.version), published.path, published.manifest_sha256)
     timers.add("sync", started)
     await ctx.store.add_event(ctx.run_id, "adapter", {"version": int(published.version), "path": published.path})
     return int(published.version)

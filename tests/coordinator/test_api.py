@@ -83,6 +83,12 @@ def test_a_run_whose_services_are_down_fails_naming_the_service(client: TestClie
     assert run["step"] == 0
     events = client.get(f"/v1/runs/{run['id']}/events").text
     assert "event: state" in events and '"failed"' in events
+    first_id = events.split("id: ", 1)[1].split("\n", 1)[0]
+    after_first = client.get(f"/v1/runs/{run['id']}/events", headers={"Last-Event-ID": first_id}).text
+    assert f"id: {first_id}\n" not in after_first and after_first.count("id: ") == events.count("id: ") - 1
+    # Redis refused it inside the stream: a 200 with an empty, broken stream.
+    bad = client.get(f"/v1/runs/{run['id']}/events", headers={"Last-Event-ID": "garbage"})
+    assert bad.status_code == 400 and "Last-Event-ID" in bad.json()["detail"]
 
 
 def test_actions_that_do_not_fit_the_state_are_409(client: TestClient, redis_url: str, tiny_model_dir: Path) -> None:

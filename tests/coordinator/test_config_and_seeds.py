@@ -181,3 +181,11 @@ def test_the_maze_size_is_set_by_env_size_only() -> None:
     """Training seeds are checked against the eval layouts at env.size: options may not change it."""
     with pytest.raises(ValidationError, match="env.size"):
         EnvSettings(size=9, options={"size": "11"})
+
+
+def test_hindsight_replays_are_refused_where_the_env_requires_stop() -> None:
+    """A loop-erased replay ends on the goal without 'stop': under require_stop none would be solved."""
+    with pytest.raises(ValidationError, match="require_stop"):
+        RunConfig(model="m", grpo={"hindsight_advantage": 1.0}, env={"options": {"require_stop": " Yes"}})
+    RunConfig(model="m", grpo={"hindsight_advantage": 1.0}, env={"options": {"require_stop": "false"}})
+    RunConfig(model="m", env={"options": {"require_stop": "true"}})

@@ -35,3 +35,12 @@ def test_moves_over_optimal_counts_solved_episodes_only() -> None:
     episodes = [_episode(0, True, moves=9, optimal=6), _episode(1, False, moves=20, optimal=6),
                 _episode(2, True, moves=6, optimal=6)]
     assert mean_moves_over_optimal(episodes) == (1.5 + 1.0) / 2
+
+
+def test_an_eval_plays_its_mazes_own_move_budgets_not_the_runs_turn_cap() -> None:
+    from services.coordinator.evaluation import eval_turn_limit
+
+    hard = [env_pb2.EpisodeSpec(seed=1, max_moves=32), env_pb2.EpisodeSpec(seed=2, max_moves=20)]
+    assert eval_turn_limit(hard, default=20) == 32  # a run of env.max_moves 20 cut these at 20
+    assert eval_turn_limit([env_pb2.EpisodeSpec(seed=1)], default=20) == 20
+    assert eval_turn_limit([], default=20) == 20

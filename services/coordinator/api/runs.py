@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, status
 from fastapi.responses import StreamingResponse
 
+from services.common.messages import shown
 from services.coordinator.api.deps import ManagerDep, RunDep, StoreDep
 from services.coordinator.api.models import EpisodeList, EvalList, MetricsList, Run, RunCreate, RunList
 from services.coordinator.manager import TransitionError
 from services.coordinator.store import TERMINAL
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
+_EVENT_ID = re.compile(r"\d{1,20}(-\d{1,20})?")  # a Redis stream id (SSE Last-Event-ID)
 
 
 async def _with_latest(store: StoreDep, run: dict) -> Run:  # type: ignore[type-arg]
@@ -92,6 +95,9 @@ async def run_events(
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> StreamingResponse:
     """Server-sent events: state changes, steps, evals, adapter versions."""
+    if last_event_id is not None and not _EVENT_ID.fullmatch(last_event_id):
+        raise HTTPException(status.HTTP_400_BAD_REQUEST,
+                            f"Last-Event-ID must be an event id such as 1700000000000-0, got {shown(last_event_id)}")
 
     async def stream() -> AsyncIterator[str]:
         after = last_event_id or "0"
