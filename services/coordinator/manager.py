@@ -14,6 +14,7 @@ from functools import lru_cache, partial
 from typing import Any
 
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 
 from services.common.conversation import ChatTokens
 from services.coordinator.clients import CallPolicy, ServiceError, Services
@@ -148,8 +149,20 @@ class RunManager:
                 await services.close()
 
     async def _fail(self, run_id: str, reason: str) -> None:
-        await self.store.set_state(run_id, RunState.FAILED, reason)
+        """Records the failure, retrying while Redis does not answer (for up to service_wait_s): a run
+        whose failure went unrecorded would stay 'running' with nothing driving it."""
         log.error("run failed", extra={"run_id": run_id, "reason": reason})
+        deadline = asyncio.get_running_loop().time() + self.settings.service_wait_s
+        while True:
+            try:
+                await self.store.set_state(run_id, RunState.FAILED, reason)
+                return
+            except RedisError as exc:
+                if asyncio.get_running_loop().time() >= deadline:
+                    log.error("the failure could not be recorded; pause, resume or stop the run when Redis "
+                              "answers", extra={"run_id": run_id, "error": str(exc)})
+                    return
+                await asyncio.sleep(2.0)
 
     # actions from the API -----------------------------------------------------------------
     async def create(self, config: RunConfig) -> dict[str, Any]:
@@ -162,8 +175,15 @@ class RunManager:
 
     # Each action decides on the run as Redis holds it at the moment of its write (change_run), so
     # a request cannot be lost to the run loop ending a step, or to another request, in between.
+    def _orphaned(self, run: dict[str, Any]) -> bool:
+        """A run Redis holds as pending or running that no task here drives: its task ended while
+        Redis did not answer, or a coordinator started with resume_runs off found it."""
+        return run["state"] in LEFT_RUNNING and not self.is_active(run["id"]) and run["id"] not in self.learners
+
     async def pause(self, run_id: str) -> None:
         def request_pause(run: dict[str, Any]) -> dict[str, Any]:
+            if self._orphaned(run):  # no run loop would act on a request: paused at once
+                return {**state_change(RunState.PAUSED), "desired": ""}
             if run["state"] != RunState.RUNNING:
                 raise TransitionError(f"cannot pause a run that is {run['state']}")
             if run["desired"] == "stop":
@@ -174,12 +194,15 @@ class RunManager:
 
     async def resume(self, run_id: str) -> None:
         def withdraw_pause(run: dict[str, Any]) -> dict[str, Any]:
-            return {"desired": ""} if run["state"] == RunState.RUNNING and run["desired"] == "pause" else {}
+            if run["state"] == RunState.RUNNING and run["desired"] == "pause" and not self._orphaned(run):
+                return {"desired": ""}
+            return {}
 
         if await self.store.change_run(run_id, withdraw_pause):
             return
         run = await self.store.get_run(run_id)
-        if run["state"] != RunState.PAUSED or self.is_active(run_id):
+        orphaned = self._orphaned(run)
+        if not orphaned and (run["state"] != RunState.PAUSED or self.is_active(run_id)):
             raise TransitionError(f"cannot resume a run that is {run['state']}")
         try:
             config = RunConfig.model_validate(run["config"])
@@ -187,6 +210,8 @@ class RunManager:
             raise TransitionError(f"the run's stored config no longer validates: {exc}") from None
 
         def relaunch(run: dict[str, Any]) -> dict[str, Any]:
+            if orphaned:  # driven again from its newest checkpoint, as a restarted coordinator would
+                return {**_require_left_running(run), "desired": ""}
             if run["state"] != RunState.PAUSED:  # stopped meanwhile
                 raise TransitionError(f"cannot resume a run that is {run['state']}")
             return {**state_change(RunState.PENDING), "desired": ""}

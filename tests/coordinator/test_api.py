@@ -98,9 +98,24 @@ def test_actions_that_do_not_fit_the_state_are_409(client: TestClient, redis_url
         reply = client.post(f"/v1/runs/{run_id}/{action}")
         assert reply.status_code == 409, action
         assert "failed" in reply.json()["detail"]
-    redis.Redis.from_url(f"{redis_url}/2").hset(f"mmrl:run:{run_id}", "state", "running")
-    assert client.post(f"/v1/runs/{run_id}/resume").status_code == 409  # already running
     assert client.post(f"/v1/runs/{run_id}/explode").status_code == 404
+
+
+def test_a_run_left_running_with_nothing_driving_it_can_be_paused_and_resumed(
+        client: TestClient, redis_url: str, tiny_model_dir: Path) -> None:
+    """Redis says running but no task drives the run (its task ended while Redis was down, or the
+    coordinator does not resume runs): a pause used to answer 200 and do nothing, and a resume 409."""
+    run_id = client.post("/v1/runs", json={"config": _config(str(tiny_model_dir))}).json()["id"]
+    _wait_for_state(client, run_id, {"failed"})
+    orphan = redis.Redis.from_url(f"{redis_url}/2")
+    orphan.hset(f"mmrl:run:{run_id}", mapping={"state": "running", "failure_reason": ""})
+    assert client.post(f"/v1/runs/{run_id}/pause").status_code == 200
+    assert client.get(f"/v1/runs/{run_id}").json()["state"] == "paused"
+    assert client.post(f"/v1/runs/{run_id}/resume").status_code == 200
+    assert "env service" in _wait_for_state(client, run_id, {"failed"})["failure_reason"]  # driven again
+    orphan.hset(f"mmrl:run:{run_id}", mapping={"state": "running", "desired": "pause", "failure_reason": ""})
+    assert client.post(f"/v1/runs/{run_id}/resume").status_code == 200  # not just the pause withdrawn
+    assert "env service" in _wait_for_state(client, run_id, {"failed"})["failure_reason"]
 
 
 def test_runs_are_listed_and_readiness_and_prometheus_metrics_answer(client: TestClient) -> None:

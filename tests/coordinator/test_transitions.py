@@ -113,3 +113,23 @@ async def test_a_restarted_coordinator_does_not_relaunch_a_run_stopped_since_it_
     assert await manager.resume_left_running() == []
     assert (await store.get_run("r1"))["state"] == "stopped"
     assert not manager.is_active("r1") and "r1" not in manager.learners
+
+
+async def test_a_failure_is_recorded_once_redis_answers_again(tmp_path: Path) -> None:
+    """A run whose failure went unrecorded (Redis down at that moment) would stay 'running' with
+    nothing driving it: the manager retries the write."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    class FlakyStore:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, str, str]] = []
+
+        async def set_state(self, run_id: str, state: str, reason: str) -> None:
+            self.calls.append((run_id, state, reason))
+            if len(self.calls) < 2:
+                raise RedisConnectionError("Connection refused")
+
+    store = FlakyStore()
+    manager = RunManager(store, CoordinatorSettings(shared_root=tmp_path, service_wait_s=30))  # type: ignore[arg-type]
+    await manager._fail("r1", "learner lost")
+    assert store.calls == [("r1", RunState.FAILED, "learner lost")] * 2
