@@ -36,6 +36,26 @@ def test_a_bad_seed_range_is_refused_before_any_service_starts(tmp_path: Path, n
         eval_cli.main(["--model", str(tmp_path), "--seeds", seeds])
 
 
+def test_held_out_mazes_are_eval_layouts_never_trained_on_and_outside_the_fixed_set() -> None:
+    from services.common.maze import is_eval_layout, is_eval_seed, layout_key
+    from services.env.evalset import get_eval_set
+
+    for size, grid in (("easy", 9), ("hard", 11)):
+        seeds = eval_cli.held_out_seeds(size, 256)
+        keys = [layout_key(s, grid) for s in seeds]
+        fixed = {layout_key(spec.seed, grid) for spec in get_eval_set(eval_cli.PRESETS[size]).specs}
+        assert len(set(keys)) == 256 and all(is_eval_layout(k) for k in keys) and not fixed & set(keys)
+        assert all(is_eval_seed(s) and s >= eval_cli.HELD_OUT_FIRST_SEED for s in seeds)
+
+
+def test_more_held_out_mazes_than_there_are_is_refused(tmp_path: Path, no_stack: None) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match="--held-out 500: .*leave the eval seed range"):
+        eval_cli.main(["--model", str(tmp_path), "--held-out", "500"])  # 476 easy eval layouts, 64 fixed
+    with pytest.raises(SystemExit, match="must be 1 or more"):
+        eval_cli.main(["--model", str(tmp_path), "--held-out", "0"])
+
+
 @pytest.mark.parametrize(("extra", "sampled"), [(["--seeds", "0-512", "--samples", "8"], 4104),
                                                 (["--samples", "65"], 4160)])
 def test_more_episodes_than_the_env_creates_in_one_call_are_refused(

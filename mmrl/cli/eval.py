@@ -1,5 +1,10 @@
-"""`mmrl eval`: evaluate a model (and optionally a LoRA adapter) on the fixed eval set or a seed
-range, through the env and rollout services (started locally unless their addresses are given)."""
+"""`mmrl eval`: evaluate a model (and optionally a LoRA adapter) on the fixed eval set, on held-out
+mazes or on a seed range, through the env and rollout services (started locally unless their
+addresses are given).
+
+`--held-out N`: N mazes that no training ever plays and the fixed set does not hold: distinct
+layouts reserved for eval sets (docs/env.md), from seed HELD_OUT_FIRST_SEED on. A `--seeds` range
+is played as it is: most of its layouts are training layouts too."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +22,16 @@ from mmrl.cli.stack import Stack, StackConfig
 from mmrl.v1 import env_pb2
 from services.common import storage
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT, ChatTokens
+from services.common.maze import eval_seeds, layout_key
 from services.coordinator.clients import CallPolicy, Services
 from services.coordinator.episodes import Timers
 from services.coordinator.evaluation import EvalPlan, eval_turn_limit, run_eval
 from services.coordinator.manager import load_tokenizer
 from services.env.config import EnvConfig
-from services.env.evalset import RECIPES
+from services.env.evalset import RECIPES, get_eval_set
 
-PRESETS = {"easy": ("maze-easy-64", 9, 20), "hard": ("maze-hard-64", 11, 32)}
+PRESETS = {"easy": "maze-easy-64", "hard": "maze-hard-64"}  # --size: the eval set (RECIPES) it names
+HELD_OUT_FIRST_SEED = 1_900_000
 MAX_EPISODES = EnvConfig.model_fields["max_batch"].default  # episodes one CreateEpisodes call creates
 
 
@@ -34,13 +42,25 @@ def parse_seeds(text: str) -> range:
     return range(int(first), int(last) + 1)
 
 
+def held_out_seeds(size: str, count: int) -> list[int]:
+    """`count` seeds of distinct eval-reserved layouts outside the fixed set of the `size` preset."""
+    name = PRESETS[size]
+    grid = RECIPES[name].size
+    fixed = frozenset(layout_key(spec.seed, grid) for spec in get_eval_set(name).specs)
+    try:
+        return eval_seeds(HELD_OUT_FIRST_SEED, count, grid, exclude=fixed)
+    except ValueError as exc:
+        raise SystemExit(f"--held-out {count}: {exc}") from None
+
+
 async def evaluate(
-    env_addr: str, rollout_addr: str, model: Path, *, size: str = "easy", seeds: range | None = None,
+    env_addr: str, rollout_addr: str, model: Path, *, size: str = "easy", seeds: Sequence[int] | None = None,
     adapter: tuple[str, int, str] | None = None, samples: int = 0, temperature: float = 1.0,
     max_tokens: int = 4, system_prompt: str = DEFAULT_SYSTEM_PROMPT, keep_frames: bool = False,
 ) -> tuple[dict[str, Any], list[Any]]:
     """Greedy (and optionally sampled) evaluation; `adapter` is (run_id, version, path) to load first."""
-    name, grid, max_moves = PRESETS[size]
+    name = PRESETS[size]
+    grid, max_moves = RECIPES[name].size, RECIPES[name].max_moves
     services = Services.connect(env_addr, [rollout_addr], "127.0.0.1:1", CallPolicy(timeout_s=600, retries=2))
     try:
         if seeds is None:
@@ -84,7 +104,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--model", type=Path, required=True, help="model directory")
     parser.add_argument("--adapter", type=Path, help="LoRA adapter directory (peft format)")
     parser.add_argument("--size", choices=sorted(PRESETS), default="easy", help="maze preset / eval set")
-    parser.add_argument("--seeds", help="A-B: evaluate on this seed range instead of the fixed set")
+    mazes_from = parser.add_mutually_exclusive_group()
+    mazes_from.add_argument("--held-out", type=int, metavar="N",
+                            help="N mazes never trained on, outside the fixed set, instead of it")
+    mazes_from.add_argument("--seeds", help="A-B: evaluate on this seed range instead of the fixed set")
     parser.add_argument("--samples", type=int, default=0, help="sampled episodes per maze besides greedy")
     parser.add_argument("--temperature", type=float, default=1.0, help="temperature of sampled episodes")
     parser.add_argument("--env", help="env service host:port (default: start one)")
@@ -100,8 +123,14 @@ def main(argv: list[str]) -> int:
         raise SystemExit("--adapter needs the rollout service started by mmrl eval (omit --rollout)")
     if args.adapter and not all((args.adapter / name).is_file() for name in storage.ADAPTER_FILES):
         raise SystemExit(f"--adapter {args.adapter}: no {' + '.join(storage.ADAPTER_FILES)} there")
-    seeds = parse_seeds(args.seeds) if args.seeds else None  # checked before anything starts
-    mazes = len(seeds) if seeds is not None else RECIPES[PRESETS[args.size][0]].num_tasks
+    if args.held_out is not None and args.held_out < 1:
+        raise SystemExit(f"--held-out {args.held_out}: must be 1 or more")
+    seeds: Sequence[int] | None = None  # checked before anything starts
+    if args.seeds:
+        seeds = parse_seeds(args.seeds)
+    elif args.held_out:
+        seeds = held_out_seeds(args.size, args.held_out)
+    mazes = len(seeds) if seeds is not None else RECIPES[PRESETS[args.size]].num_tasks
     if max(mazes, mazes * args.samples) > MAX_EPISODES:  # the greedy and the sampled episodes: one call each
         raise SystemExit(f"{mazes} mazes x --samples {args.samples} is {mazes * args.samples} sampled episodes at "
                          f"once; the env service creates at most {MAX_EPISODES} in one call: fewer mazes or samples")
