@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -29,7 +30,7 @@ from typing import Any
 
 from mmrl.v1 import env_pb2, learner_pb2, rollout_pb2
 from services.common.conversation import ChatTokens, Tokenizer
-from services.common.maze import TRAIN_SEED_LIMIT, is_training_seed, layout_key, num_cells_per_side
+from services.common.maze import TRAIN_SEED_LIMIT, is_eval_layout, layout_key, num_cells_per_side
 from services.common.trajectory import Trajectory
 from services.coordinator import hindsight
 from services.coordinator.advantages import (
@@ -75,9 +76,15 @@ def step_seeds(run_seed: int, step: int, round_index: int, count: int, size: int
     training seeds whose layouts at `size` are neither reserved for eval sets nor in `exclude_layouts`."""
     rng = random.Random(f"mmrl:{run_seed}:{step}:{round_index}")
     seeds: list[int] = []
-    while len(seeds) < count:
+    for draws in itertools.count():
+        if len(seeds) == count:
+            break
+        if draws == 1000 * count:  # e.g. a 2x2-cell maze has 4 layouts, and an eval set may hold them
+            raise ConfigRefused(f"found {len(seeds)} of {count} training mazes in {draws} draws: at size {size} "
+                                "nearly every layout is reserved for eval sets or in the run's eval set")
         seed = rng.randrange(TRAIN_SEED_LIMIT)
-        if seed not in seeds and is_training_seed(seed, size) and layout_key(seed, size) not in exclude_layouts:
+        key = layout_key(seed, size)
+        if not is_eval_layout(key) and key not in exclude_layouts and seed not in seeds:
             seeds.append(seed)
     return seeds
 

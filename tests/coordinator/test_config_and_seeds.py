@@ -189,3 +189,14 @@ def test_hindsight_replays_are_refused_where_the_env_requires_stop() -> None:
         RunConfig(model="m", grpo={"hindsight_advantage": 1.0}, env={"options": {"require_stop": " Yes"}})
     RunConfig(model="m", grpo={"hindsight_advantage": 1.0}, env={"options": {"require_stop": "false"}})
     RunConfig(model="m", env={"options": {"require_stop": "true"}})
+
+
+def test_a_size_whose_layouts_are_all_kept_from_training_is_refused_not_looped_on() -> None:
+    from services.common.maze import is_eval_layout, layout_key
+    from services.coordinator.runloop import ConfigRefused
+
+    training = frozenset(k for k in {layout_key(s, 5) for s in range(200)} if not is_eval_layout(k))
+    assert len(training) == 2  # a 2x2-cell maze has 4 layouts; 2 are reserved for eval sets
+    assert len(step_seeds(0, 1, 0, 8, 5)) == 8
+    with pytest.raises(ConfigRefused, match="found 0 of 8 training mazes"):
+        step_seeds(0, 1, 0, 8, 5, exclude_layouts=training)
