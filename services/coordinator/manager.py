@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from services.common.conversation import ChatTokens
+from services.common.waiting import poll_until
 from services.coordinator.clients import CallPolicy, ServiceError, Services
 from services.coordinator.config import CoordinatorSettings, RunConfig
 from services.coordinator.runloop import ConfigRefused, RunContext, execute_run
@@ -152,17 +153,19 @@ class RunManager:
         """Records the failure, retrying while Redis does not answer (for up to service_wait_s): a run
         whose failure went unrecorded would stay 'running' with nothing driving it."""
         log.error("run failed", extra={"run_id": run_id, "reason": reason})
-        deadline = asyncio.get_running_loop().time() + self.settings.service_wait_s
-        while True:
+        errors: list[RedisError] = []
+
+        async def recorded() -> bool:
             try:
                 await self.store.set_state(run_id, RunState.FAILED, reason)
-                return
             except RedisError as exc:
-                if asyncio.get_running_loop().time() >= deadline:
-                    log.error("the failure could not be recorded; pause, resume or stop the run when Redis "
-                              "answers", extra={"run_id": run_id, "error": str(exc)})
-                    return
-                await asyncio.sleep(2.0)
+                errors.append(exc)
+                return False
+            return True
+
+        if not await poll_until(recorded, self.settings.service_wait_s, poll_s=2.0):
+            log.error("the failure could not be recorded; pause, resume or stop the run when Redis answers",
+                      extra={"run_id": run_id, "error": str(errors[-1])})
 
     # actions from the API -----------------------------------------------------------------
     async def create(self, config: RunConfig) -> dict[str, Any]:
@@ -173,13 +176,13 @@ class RunManager:
         self.launch(run_id)
         return run
 
-    # Each action decides on the run as Redis holds it at the moment of its write (change_run), so
-    # a request cannot be lost to the run loop ending a step, or to another request, in between.
     def _orphaned(self, run: dict[str, Any]) -> bool:
         """A run Redis holds as pending or running that no task here drives: its task ended while
         Redis did not answer, or a coordinator started with resume_runs off found it."""
         return run["state"] in LEFT_RUNNING and not self.is_active(run["id"]) and run["id"] not in self.learners
 
+    # Each action decides on the run as Redis holds it at the moment of its write (change_run), so
+    # a request cannot be lost to the run loop ending a step, or to another request, in between.
     async def pause(self, run_id: str) -> None:
         def request_pause(run: dict[str, Any]) -> dict[str, Any]:
             if self._orphaned(run):  # no run loop would act on a request: paused at once
