@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from services.common.maze import Cell, num_cells_per_side, parse_cell
+from services.common.maze import OPTION_FALSE, OPTION_TRUE, Cell, num_cells_per_side, parse_cell
 from services.common.messages import shown
 from services.env.config import EnvConfig
 from services.env.errors import invalid
@@ -27,7 +27,6 @@ from services.env.render import frame_side
 
 MAX_SEED = 2**53
 OPTIONS = ("goal", "require_stop", "size", "start", "unit_px")
-_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 
 class SpecLike(Protocol):
@@ -119,7 +118,7 @@ def parse_spec(spec: SpecLike, config: EnvConfig, where: str = "spec") -> Episod
                                                   f"more than max_frame_px={config.max_frame_px}")
 
     require_stop_text = options.get("require_stop", "false").strip().lower()
-    if require_stop_text not in _TRUE + _FALSE:
+    if require_stop_text not in OPTION_TRUE + OPTION_FALSE:
         raise invalid(f"{where}.options.require_stop", f"must be true or false, got {shown(require_stop_text)}")
 
     n = num_cells_per_side(size)
@@ -129,5 +128,5 @@ def parse_spec(spec: SpecLike, config: EnvConfig, where: str = "spec") -> Episod
         raise invalid(f"{where}.options.goal", f"must differ from start, both are {start}")
     return EpisodeSettings(
         seed=spec.seed, size=size, max_moves=max_moves, unit_px=unit_px,
-        require_stop=require_stop_text in _TRUE, start=start, goal=goal,
+        require_stop=require_stop_text in OPTION_TRUE, start=start, goal=goal,
     )

@@ -116,7 +116,7 @@ class SftConfig(BaseModel):
 
     def maze_seeds(self) -> list[int]:
         """The training mazes' seeds: from first_seed on, skipping layouts reserved for eval sets."""
-        return training_seeds(self.first_seed, self.num_mazes, self.size)
+        return list(training_seeds(self.first_seed, self.num_mazes, self.size))
 
 
 def expert_conversations(
