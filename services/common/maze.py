@@ -55,8 +55,6 @@ TRAIN_SEED_LIMIT = 1_000_000
 EVAL_SEED_MIN = 1_000_000
 EVAL_SEED_MAX = 2_000_000
 EVAL_LAYOUT_SHARE = 8  # one layout in 8 (by hash) is reserved for eval sets
-# How a yes/no maze option (`require_stop`) is written, lower case, surrounding spaces stripped.
-OPTION_TRUE, OPTION_FALSE = ("true", "1", "yes"), ("false", "0", "no")
 _CELL = re.compile(r"^\s*\(?\s*(\d{1,9})\s*,\s*(\d{1,9})\s*\)?\s*$")  # 9 digits: int() never refuses
 
 
@@ -80,6 +78,17 @@ def is_eval_layout(key: bytes) -> bool:
 def is_training_seed(seed: int, size: int) -> bool:
     """Whether training may play the maze of (seed, size): a training seed whose layout is not reserved."""
     return 0 <= seed < TRAIN_SEED_LIMIT and not is_eval_layout(layout_key(seed, size))
+
+
+def option_flag(text: str) -> bool | None:
+    """A yes/no maze option (`require_stop`) as written: True for true/1/yes, False for false/0/no,
+    ignoring case and surrounding spaces; None for anything else."""
+    word = text.strip().lower()
+    if word in ("true", "1", "yes"):
+        return True
+    if word in ("false", "0", "no"):
+        return False
+    return None
 
 
 @functools.lru_cache(maxsize=16)

@@ -15,7 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.config_files import read_config_file
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT
-from services.common.maze import OPTION_TRUE, Cell, num_cells_per_side, parse_cell
+from services.common.maze import Cell, num_cells_per_side, option_flag, parse_cell
 from services.coordinator.advantages import Normalize, PathCredit
 
 # Which episodes hindsight replays (services/coordinator/hindsight.py).
@@ -255,7 +255,7 @@ class RunConfig(_Strict):
         if self.optim.lr_schedule == "cosine" and self.optim.warmup_steps >= self.steps * self.optim.steps_per_train_step:
             raise ValueError("optim.warmup_steps must be shorter than the run (steps x num_minibatches x epochs "
                              "optimiser steps) to leave room for the cosine decay")
-        if self.grpo.hindsight_advantage > 0 and self.env.options.get("require_stop", "").strip().lower() in OPTION_TRUE:
+        if self.grpo.hindsight_advantage > 0 and option_flag(self.env.options.get("require_stop", "")):
             raise ValueError("grpo.hindsight_advantage replays the loop-erased path, which drops the final "
                              "'stop' that env.options.require_stop needs: every replay would go unsolved")
         if self.grpo.async_rollout and self.grpo.old_logprobs == "rollout":

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from services.common.maze import OPTION_FALSE, OPTION_TRUE, Cell, num_cells_per_side, parse_cell
+from services.common.maze import Cell, num_cells_per_side, option_flag, parse_cell
 from services.common.messages import shown
 from services.env.config import EnvConfig
 from services.env.errors import invalid
@@ -117,9 +117,11 @@ def parse_spec(spec: SpecLike, config: EnvConfig, where: str = "spec") -> Episod
         raise invalid(f"{where}.options.unit_px", f"size {size} at unit_px {unit_px} makes {side}x{side} px frames, "
                                                   f"more than max_frame_px={config.max_frame_px}")
 
-    require_stop_text = options.get("require_stop", "false").strip().lower()
-    if require_stop_text not in OPTION_TRUE + OPTION_FALSE:
-        raise invalid(f"{where}.options.require_stop", f"must be true or false, got {shown(require_stop_text)}")
+    require_stop_text = options.get("require_stop", "false")
+    require_stop = option_flag(require_stop_text)
+    if require_stop is None:
+        raise invalid(f"{where}.options.require_stop",
+                      f"must be true or false, got {shown(require_stop_text.strip().lower())}")
 
     n = num_cells_per_side(size)
     start = cell_option(options, "start", (0, 0), n, where)
@@ -128,5 +130,5 @@ def parse_spec(spec: SpecLike, config: EnvConfig, where: str = "spec") -> Episod
         raise invalid(f"{where}.options.goal", f"must differ from start, both are {start}")
     return EpisodeSettings(
         seed=spec.seed, size=size, max_moves=max_moves, unit_px=unit_px,
-        require_stop=require_stop_text in OPTION_TRUE, start=start, goal=goal,
+        require_stop=require_stop, start=start, goal=goal,
     )

@@ -14,6 +14,7 @@ from services.common.maze import (
     optimal_action,
     optimal_direction,
     optimal_moves,
+    option_flag,
     solve,
 )
 from services.env.evalset import get_eval_set
@@ -152,3 +153,9 @@ def test_easy_eval_mazes_need_6_to_14_moves() -> None:
     moves = [generate_maze(spec.seed, 9).optimal_moves for spec in get_eval_set().specs]
     assert min(moves) >= 6 and max(moves) <= 14
     assert len(set(moves)) >= 3, "the eval set should mix difficulties"
+
+
+@pytest.mark.parametrize(("text", "flag"), [("true", True), (" YES ", True), ("1", True), ("False", False),
+                                            ("no", False), (" 0", False), ("maybe", None), ("", None)])
+def test_yes_no_options_read_the_same_words_for_every_service(text: str, flag: bool | None) -> None:
+    assert option_flag(text) is flag
