@@ -36,7 +36,7 @@ from typing import Any
 import grpc
 import torch
 from google.protobuf.json_format import MessageToDict
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mmrl.v1 import env_pb2, env_pb2_grpc
 from services.common.conversation import (
@@ -47,7 +47,6 @@ from services.common.conversation import (
 )
 from services.common.maze import (  # the eval sets' seeds and layouts are never trained on
     DIRECTIONS,
-    TRAIN_SEED_LIMIT,
     generate_maze,
     num_cells_per_side,
     training_seeds,
@@ -98,11 +97,21 @@ class SftConfig(BaseModel):
         default_factory=list, description="Also save intermediate checkpoints at these updates (<out>-u<N>)."
     )
 
+    @field_validator("size")
+    @classmethod
+    def _odd(cls, size: int) -> int:
+        if size % 2 == 0:
+            raise ValueError(f"must be odd (walls and cells alternate), got {size}")
+        return size
+
     @model_validator(mode="after")
     def _training_seeds_only(self) -> SftConfig:
-        if self.first_seed + self.num_mazes > TRAIN_SEED_LIMIT:
-            raise ValueError(f"seeds {self.first_seed}..{self.first_seed + self.num_mazes - 1} reach the eval "
-                             f"seed range (>= {TRAIN_SEED_LIMIT:,}); SFT trains on training seeds only")
+        # The mazes skip the layouts reserved for eval sets (about 1 in 8), so they need more seeds
+        # than num_mazes: check the seeds the SFT will play, not the first num_mazes.
+        try:
+            training_seeds(self.first_seed, self.num_mazes, self.size)
+        except ValueError as error:
+            raise ValueError(f"{error}; SFT trains on training seeds only") from None
         return self
 
     def fingerprint(self) -> str:

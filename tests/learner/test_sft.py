@@ -37,12 +37,21 @@ def _with_env_service(work: Callable[[str], T]) -> T:
 
 
 def test_sft_data_can_never_reach_the_eval_seed_range() -> None:
-    from services.common.maze import is_eval_seed
+    """The config is refused unless the mazes it will play, which skip the layouts reserved for
+    eval sets, all lie below the eval seed range."""
+    from services.common.maze import TRAIN_SEED_LIMIT, is_training_seed
 
-    with pytest.raises(ValidationError, match="eval"):
-        SftConfig(base_model="m", out="o", first_seed=999_990, num_mazes=20)
-    config = SftConfig(base_model="m", out="o", first_seed=999_000, num_mazes=1000)
-    assert not any(is_eval_seed(s) for s in range(config.first_seed, config.first_seed + config.num_mazes))
+    first = TRAIN_SEED_LIMIT - 1000
+    fits = sum(is_training_seed(s, 9) for s in range(first, TRAIN_SEED_LIMIT))
+    assert 0 < fits < 1000  # some of the last 1,000 seeds carve reserved layouts
+    config = SftConfig(base_model="m", out="o", first_seed=first, num_mazes=fits)
+    seeds = config.maze_seeds()
+    assert len(seeds) == fits and max(seeds) < TRAIN_SEED_LIMIT
+    for count in (fits + 1, 1000):  # one seed too many; and as many mazes as seeds left
+        with pytest.raises(ValidationError, match="reach the eval seed range"):
+            SftConfig(base_model="m", out="o", first_seed=first, num_mazes=count)
+    with pytest.raises(ValidationError, match="must be odd"):
+        SftConfig(base_model="m", out="o", size=8)
 
 
 def test_sft_mazes_skip_the_layouts_reserved_for_eval_sets(tiny_model_dir: Path) -> None:
