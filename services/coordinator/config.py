@@ -110,9 +110,10 @@ class GrpoSettings(_Strict):
     )
     hindsight_advantage: float = Field(
         0.0, ge=0.0, le=10.0,
-        description="Hindsight relabelling: failed episodes (of kept and dropped groups) are played again with "
-                    "the cell they ended on as the goal, along their loop-erased path, and trained on with this "
-                    "advantage on every action (0 = off; see services/coordinator/hindsight.py).",
+        description="Hindsight replay: the episodes `hindsight_episodes` names (of kept and dropped groups) "
+                    "are played again along their loop-erased path (failed ones with the cell they ended on as "
+                    "the goal) and trained on with this advantage on every action (0 = off; see "
+                    "services/coordinator/hindsight.py).",
     )
     hindsight_max_episodes: int = Field(
         32, ge=1, le=4096, description="At most this many relabelled episodes per step (spread over the mazes)."
@@ -194,7 +195,9 @@ class OptimSettings(_Strict):
                            "for long multi-turn trajectories, about one more forward pass of time.",
     )
     num_minibatches: int = Field(
-        1, ge=1, le=1024, description="Optimiser steps per training step (1 = plain on-policy GRPO)."
+        1, ge=1, le=1024,
+        description="Optimiser steps per pass over a training step's batch (`epochs` passes): num_minibatches x "
+                    "epochs optimiser steps per step (1 x 1 = plain on-policy GRPO).",
     )
     epochs: int = Field(
         1, ge=1, le=64,
@@ -320,7 +323,9 @@ class CoordinatorSettings(BaseSettings):
 
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding runs, metrics, events.")
     api_token: str = Field("", description="Bearer token for /v1 routes ('' = no auth).")
-    shared_root: Path = Field(Path("./.mmrl/shared"), description="Shared storage root (/shared).")
+    shared_root: Path = Field(
+        Path("./.mmrl/shared"), description="Shared storage root, the same directory every service uses (/shared in containers)."
+    )
     env_addr: str = Field("127.0.0.1:50051", description="Env service host:port.")
     rollout_addrs: str = Field("127.0.0.1:50052", description="Comma-separated rollout replicas.")
     learner_addr: str = Field("127.0.0.1:50053", description="Learner (rank 0) host:port.")

@@ -52,7 +52,7 @@ class EpisodeView:
     @property
     def info(self) -> dict[str, Any]:
         """The whole info map: solved, moves, optimal_moves, max_moves, feedback, last_action, invalid,
-        wall_bump, seed, size, require_stop, position, goal, moves_to_goal."""
+        wall_bump, seed, size, require_stop, position, goal, moves_to_goal, optimal_action."""
         return {**self.dynamic_info, **dict(self.static_info)}
 
 

@@ -56,8 +56,9 @@ class LearnerRunConfig(BaseModel):
     """Gradients are clipped to this global L2 norm before the optimiser step."""
     num_minibatches: int = Field(default=1, ge=1, le=1024)
     """Optimiser steps per TrainStep: the batch is split into this many mini-batches (in request
-    order), one step each. 1 is plain on-policy GRPO (the PPO ratio is 1); with more, the later
-    steps are off-policy and the clipped ratio against the pre-step log-probs applies."""
+    order), one step each, in each of `num_epochs` passes. With 1 (and one epoch) the step is plain
+    on-policy GRPO (the PPO ratio is 1); later steps are off-policy and the clipped ratio against
+    the pre-step log-probs applies."""
     num_epochs: int = Field(default=1, ge=1, le=64)
     """Passes over the batch per TrainStep (PPO epochs): every pass takes one optimiser step per
     mini-batch, so a TrainStep takes num_epochs x num_minibatches steps, all against the old
@@ -131,8 +132,9 @@ class LearnerSettings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train (auto: cuda when available); each rank uses cuda:<local rank>."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Base model weights' dtype (auto: float32 on CPU, bfloat16 on GPU); LoRA weights and the
-    optimiser state stay float32."""
+    """Compute dtype: FSDP2 gathers parameters in it and reduces gradients in float32 (auto:
+    float32 on CPU, bfloat16 on GPU). Stored weights, LoRA weights and the optimiser state stay
+    float32."""
     host: str = "0.0.0.0"
     """Address rank 0 listens on (MMRL_LEARNER_HOST)."""
     port: int = Field(default=50053, ge=0, le=65535)

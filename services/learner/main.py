@@ -116,6 +116,10 @@ def main(argv: list[str]) -> int:
         }
     )
     log = setup_logging("learner", settings.log_level)
+    if not (Path(settings.model) / "config.json").is_file():
+        log.error("model is not a local checkpoint directory (no config.json); the learner loads weights "
+                  "from a directory, not from a hub id", extra={"model": str(settings.model)})
+        return 1
 
     from services.learner.distributed import init_distributed
     from services.learner.driver import worker_loop

@@ -17,7 +17,7 @@ from services.common.grpc_server import channel
 from services.common.trajectory import Trajectory
 from services.learner.bench import start_learner_process, stop_learner_process
 from services.learner.config import LearnerSettings
-from services.learner.main import parser, torchrun_command
+from services.learner.main import main, parser, torchrun_command
 from services.learner.publish import ADAPTER_WEIGHTS, peft_key
 from tests.learner.conftest import adapter_weights
 
@@ -40,6 +40,15 @@ COMPARED = (
     "train/num_tokens",
     "train/num_generated_tokens",
 )
+
+
+def test_a_model_that_is_not_a_local_checkpoint_directory_is_one_error_line_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for model in ("Qwen/Qwen3-VL-8B-Instruct", str(tmp_path)):  # a hub id; a directory without config.json
+        assert main(["--model", model, "--shared-root", str(tmp_path / "shared")]) == 1
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "not a local checkpoint directory" in lines[0] and model in lines[0]
 
 
 def test_the_torchrun_command_passes_the_worker_flags_through_unchanged(tmp_path: Path) -> None:
