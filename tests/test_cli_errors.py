@@ -1,15 +1,20 @@
 """How `mmrl` ends on errors: a service that did not start or a failed service call is one line on
-stderr and exit status 1, Ctrl-C is exit status 130, and any other error keeps its traceback."""
+stderr and exit status 1, Ctrl-C is exit status 130, and any other error keeps its traceback. And
+what `mmrl COMMAND --help` says first."""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
 from mmrl.cli import main as cli
 from mmrl.cli.stack import StackError
+from services.common.messages import summary
 from services.coordinator.clients import ServiceError
 
 
@@ -50,3 +55,16 @@ def test_ctrl_c_is_exit_status_130_and_other_errors_keep_their_traceback(
     command.main = _raising(ZeroDivisionError("a bug"))
     with pytest.raises(ZeroDivisionError):
         cli.main(["boom"])
+
+
+def test_every_command_help_starts_with_a_whole_sentence() -> None:
+    """`mmrl COMMAND --help` describes the command with its module docstring's first paragraph
+    (a docstring's first line can stop mid-sentence), read here without importing the module."""
+    for module, _ in cli.COMMANDS.values():
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin is not None, module
+        source = Path(spec.origin).read_text()
+        assert "__doc__.splitlines()" not in source, module
+        description = summary(ast.get_docstring(ast.parse(source), clean=False))
+        assert description.startswith("`mmrl ") and description.endswith("."), (module, description)
+    assert summary("`mmrl x`: does a\nthing.\n\nMore.") == "`mmrl x`: does a thing."

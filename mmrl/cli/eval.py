@@ -3,8 +3,8 @@ mazes or on a seed range, through the env and rollout services (started locally 
 addresses are given).
 
 `--held-out N`: N mazes that no training ever plays and the fixed set does not hold: distinct
-layouts reserved for eval sets (docs/env.md), from seed HELD_OUT_FIRST_SEED on. A `--seeds` range
-is played as it is: most of its layouts are training layouts too."""
+layouts reserved for eval sets (docs/env.md), from seed 1,900,000 (`HELD_OUT_FIRST_SEED`) on. A
+`--seeds` range is played as it is: most of its layouts are training layouts too."""
 
 from __future__ import annotations
 

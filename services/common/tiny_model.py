@@ -19,6 +19,8 @@ import argparse
 import json
 from pathlib import Path
 
+from services.common.messages import summary
+
 SPECIAL_TOKENS = [
     "<|endoftext|>",
     "<|im_start|>",
@@ -177,7 +179,7 @@ def build_tiny_model(out_dir: Path, seed: int = 0, hidden_size: int = 128, num_l
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="mmrl init-model", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="mmrl init-model", description=summary(__doc__))
     parser.add_argument("kind", choices=["tiny"], help="model to build (only 'tiny' is built locally)")
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed")

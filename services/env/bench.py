@@ -37,6 +37,7 @@ from typing import Any
 from mmrl.v1 import env_pb2, env_pb2_grpc
 from services.common.grpc_server import channel
 from services.common.maze import generate_maze
+from services.common.messages import summary
 from services.env.config import EnvConfig
 from services.env.environment import MazeEnv
 from services.env.render import MazeRenderer, encode_png
@@ -181,7 +182,7 @@ def _grpc(args: argparse.Namespace, frame_cache: bool) -> tuple[float, list[floa
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="mmrl bench env", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="mmrl bench env", description=summary(__doc__))
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--batch-size", type=int, default=256, help="episodes per Step call")
     parser.add_argument("--group-size", type=int, default=16, help="episodes per maze seed")

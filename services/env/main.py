@@ -14,6 +14,7 @@ from pathlib import Path
 from mmrl.v1 import env_pb2_grpc
 from services.common.grpc_server import start_server, wait_for_termination
 from services.common.logging import setup_logging
+from services.common.messages import summary
 from services.env.config import ServerSettings, load_config
 from services.env.environment import MazeEnv
 from services.env.servicer import SERVICE_NAME, EnvServicer
@@ -29,7 +30,7 @@ async def serve(address: str, env: MazeEnv) -> None:
 
 def main(argv: list[str]) -> int:
     settings = ServerSettings()
-    parser = argparse.ArgumentParser(prog="mmrl serve env", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="mmrl serve env", description=summary(__doc__))
     parser.add_argument("--host", default=settings.host, help=f"address to listen on (default {settings.host})")
     parser.add_argument("--port", type=int, default=settings.port, help=f"port, 0 = any free (default {settings.port})")
     parser.add_argument("--config", type=Path, default=settings.config_file, help="EnvConfig as YAML or TOML")

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from services.common.messages import summary
 from services.common.trajectory import Trajectory
 
 
@@ -149,7 +150,7 @@ async def drive(port: int, batch: list[Trajectory], steps: int, config: dict[str
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="mmrl bench learner", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="mmrl bench learner", description=summary(__doc__))
     parser.add_argument(
         "--json", action="store_true", help="print only the JSON line (and progress on stderr)"
     )

@@ -41,6 +41,7 @@ from mmrl.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from services.common import storage
 from services.common.conversation import ChatTokens
 from services.common.grpc_server import channel
+from services.common.messages import summary
 from services.rollout.config import RolloutConfig
 from services.rollout.engine_vllm import VllmEngine
 from services.rollout.service import RolloutServer
@@ -226,7 +227,7 @@ async def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="mmrl bench rollout", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="mmrl bench rollout", description=summary(__doc__))
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: build the tiny model)")
     parser.add_argument("--num-prompts", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=4)

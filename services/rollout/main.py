@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from services.common.grpc_server import wait_for_termination
 from services.common.logging import setup_logging
+from services.common.messages import summary
 from services.rollout.config import RolloutConfig, ServerSettings, load_config
 from services.rollout.service import RolloutServer
 
@@ -50,7 +51,7 @@ async def serve(config: RolloutConfig, address: str, shared_root: Path, cache_di
 
 def main(argv: list[str]) -> int:
     settings = ServerSettings()
-    parser = argparse.ArgumentParser(prog="mmrl serve rollout", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="mmrl serve rollout", description=summary(__doc__))
     parser.add_argument("--model", default=settings.model, help="model directory (MMRL_ROLLOUT_MODEL)")
     parser.add_argument("--host", default=settings.host, help=f"address to listen on (default {settings.host})")
     parser.add_argument("--port", type=int, default=settings.port, help=f"port, 0 = any free (default {settings.port})")
