@@ -29,5 +29,7 @@ def test_generated_stubs_match_the_protos(tmp_path: Path) -> None:
 
 
 def test_every_service_is_in_package_mmrl_v1() -> None:
-    for proto in (ROOT / "protos" / "mmrl" / "v1").glob("*.proto"):
+    protos = sorted((ROOT / "protos" / "mmrl" / "v1").glob("*.proto"))
+    assert protos
+    for proto in protos:
         assert "package mmrl.v1;" in proto.read_text(), proto

@@ -9,7 +9,6 @@ import re
 import pytest
 from deploy_contract import (
     CONTRACT_PORTS,
-    DOCKERFILE,
     REPO_ROOT,
     SERVICE_TARGETS,
     Stage,
@@ -146,4 +145,4 @@ def test_the_build_context_keeps_secrets_and_local_state_out() -> None:
     }
     for source in copied:
         assert any(source == path.rstrip("/") for path in included), f"COPY {source} is not in the context"
-    assert DOCKERFILE.is_file()
+    assert copied, "the Dockerfile copies something from the context"

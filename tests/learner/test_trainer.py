@@ -150,8 +150,13 @@ def test_truncated_importance_sampling_reports_its_mean_weight(
     driver = _configure(make_driver, tis_cap=2.0)
     metrics = driver.train_step("run", trajectories[:3]).metrics
     # The stand-in engine's log-probs are far off the model's: weights are small or capped.
-    assert 0.0 < metrics["train/tis_weight_mean"] <= 2.0
+    assert 0.0 < metrics["train/tis_weight_mean"] < 0.9
     assert "train/kl" not in metrics
+    # An engine that gave every token a far smaller probability than the learner: all capped.
+    unlikely = [dataclasses.replace(t, logprobs=tuple(-50.0 for _ in t.logprobs)) for t in trajectories[:3]]
+    assert driver.train_step("run", unlikely).metrics["train/tis_weight_mean"] == pytest.approx(2.0)
+    without = _configure(make_driver).train_step("run", unlikely).metrics
+    assert "train/tis_weight_mean" not in without
 
 
 def test_checkpoint_then_restart_gives_the_same_next_step_as_an_uninterrupted_run(
