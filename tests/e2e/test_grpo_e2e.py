@@ -90,11 +90,14 @@ def test_a_short_grpo_run_publishes_loads_and_records_everything(stack: Stack, t
 
     evals = api.request("GET", f"/v1/runs/{run_id}/evals")["evals"]
     assert [e["step"] for e in evals] == [0, 3]
-    assert all(0.0 <= e["greedy_solve_rate"] <= 1.0 for e in evals)
     # One sampled episode per maze: solved by at least one is solved.
     assert all(e["sampled_pass_rate"] == e["sampled_solve_rate"] for e in evals)
+    for e in evals:  # the greedy solve rate is that of the greedy episodes recorded with the eval
+        recorded = api.request("GET", f"/v1/runs/{run_id}/episodes", params={"kind": "eval", "step": e["step"]})
+        assert len(recorded["episodes"]) == 4
+        assert e["greedy_solve_rate"] == sum(r["solved"] for r in recorded["episodes"]) / 4
     eval_episode = api.request("GET", f"/v1/runs/{run_id}/episodes", params={"kind": "eval", "step": 3})
-    assert len(eval_episode["episodes"]) == 4 and all(Path(f).is_file() for f in eval_episode["episodes"][0]["frames"])
+    assert all(Path(f).is_file() for f in eval_episode["episodes"][0]["frames"])
 
     events = httpx.get(f"{stack.api_url}/v1/runs/{run_id}/events", timeout=30).text
     for kind in ("state", "step", "eval", "adapter"):
@@ -119,8 +122,10 @@ def test_async_rollout_samples_the_next_step_with_the_version_before(stack: Stac
     for episode in episodes:
         assert episode["adapter_version"] == metrics[episode["step"] - 1]["adapter/sampled_with"]
     assert all(0.0 < m["train/tis_weight_mean"] <= 2.0 for m in metrics)
-    # Relabelled failures train beside the step's 4 episodes.
-    assert all(0 <= m["hindsight/num"] <= 2 for m in metrics)
+    # Relabelled failures would train beside the step's 4 episodes. A random model's episodes seldom
+    # leave the start cell, so relabelling may not fire here: this checks the wiring only; the
+    # replay is tested on the real env in tests/coordinator/test_hindsight.py.
+    assert all(m["hindsight/num"] <= 2 for m in metrics)
     assert [m["train/num_trajectories"] for m in metrics] == [4 + m["hindsight/num"] for m in metrics]
     evals = api.request("GET", f"/v1/runs/{run_id}/evals")["evals"]
     assert [e["step"] for e in evals] == [0, 4]

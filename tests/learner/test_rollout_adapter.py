@@ -113,6 +113,7 @@ async def test_the_rollout_service_loads_a_learner_adapter_whose_samples_the_lea
     for _ in range(2):
         driver.train_step("run", with_advantages(warm_up, [1.0, -1.0, 0.5, -0.25]))
     published = driver.publish("run")
+    _, at_v1, _ = driver.save_checkpoint("run")
 
     loaded = await stub.LoadAdapter(
         rollout_pb2.LoadAdapterRequest(run_id="run", version=published.version, path=str(published.path))
@@ -121,16 +122,18 @@ async def test_the_rollout_service_loads_a_learner_adapter_whose_samples_the_lea
 
     base = await _play(stub, tokenizer, "run", 0, num_episodes=3, num_turns=2)
     tuned = await _play(stub, tokenizer, "run", 1, num_episodes=3, num_turns=2)
-    # The learner holds adapter v1 now: its log-probs (before the update) must match the v1 samples.
+    # The learner holds adapter v1: its log-probs (before the update) must match the v1 samples...
     on_tuned = driver.train_step("run", tuned).metrics
     assert on_tuned["train/logprob_abs_diff_vs_rollout_max"] <= TOLERANCE
-    # And the base samples really differ from what the adapter gives (the service applied it).
+    # ...and be far from the base samples' (so v1 differs from the base model, and the service
+    # applied it): scored by the learner back at v1, as the step above moved it on.
+    driver.load_checkpoint("run", str(at_v1))
+    stale = driver.train_step("run", base).metrics
+    assert stale["train/logprob_abs_diff_vs_rollout"] > 100 * TOLERANCE
     reference = make_driver(shared / "other")
     reference.configure("run", "{}")
     on_base = reference.train_step("run", base).metrics  # a zero adapter is the base model
     assert on_base["train/logprob_abs_diff_vs_rollout_max"] <= TOLERANCE
-    stale = driver.train_step("run", base).metrics  # base samples scored by the tuned learner
-    assert stale["train/logprob_abs_diff_vs_rollout"] > 100 * TOLERANCE
     print(
         "\nrollout service vs learner max |dlogp|: "
         f"adapter v1 {on_tuned['train/logprob_abs_diff_vs_rollout_max']:.2e}, "
