@@ -16,15 +16,12 @@ import sys
 from pathlib import Path
 
 from services.common.logging import setup_logging
+from services.common.messages import summary
 from services.learner.config import LearnerSettings
 
 
 def parser(settings: LearnerSettings) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mmrl serve learner",
-        description="Serve the GRPO learner over gRPC (rank 0 serves; torchrun starts the ranks "
-        "when --nproc > 1).",
-    )
+    parser = argparse.ArgumentParser(prog="mmrl serve learner", description=summary(__doc__))
     parser.add_argument("--model", type=Path, default=settings.model, help="HF model directory")
     parser.add_argument("--shared-root", type=Path, default=settings.shared_root, help="shared storage root")
     parser.add_argument("--host", default=settings.host, help=f"address rank 0 listens on ({settings.host})")
@@ -100,6 +97,11 @@ async def _serve(settings: LearnerSettings, engine: object, port_file: Path | No
 def main(argv: list[str]) -> int:
     env_settings = LearnerSettings()
     args = parser(env_settings).parse_args(argv)
+    if not (Path(args.model) / "config.json").is_file():  # before torchrun: one line, not one per rank
+        setup_logging("learner", args.log_level).error(
+            "model is not a local checkpoint directory (no config.json); the learner loads weights from a "
+            "directory, not from a hub id", extra={"model": str(args.model)})
+        return 1
     if (args.nproc > 1 or args.nnodes > 1) and "LOCAL_RANK" not in os.environ:
         command = torchrun_command(args)
         os.execv(command[0], command)
@@ -116,10 +118,6 @@ def main(argv: list[str]) -> int:
         }
     )
     log = setup_logging("learner", settings.log_level)
-    if not (Path(settings.model) / "config.json").is_file():
-        log.error("model is not a local checkpoint directory (no config.json); the learner loads weights "
-                  "from a directory, not from a hub id", extra={"model": str(settings.model)})
-        return 1
 
     from services.learner.distributed import init_distributed
     from services.learner.driver import worker_loop

@@ -47,6 +47,8 @@ from services.common.conversation import (
 )
 from services.common.maze import (  # the eval sets' seeds and layouts are never trained on
     DIRECTIONS,
+    TRAIN_SEED_LIMIT,
+    check_size,
     generate_maze,
     num_cells_per_side,
     training_seeds,
@@ -99,15 +101,18 @@ class SftConfig(BaseModel):
 
     @field_validator("size")
     @classmethod
-    def _odd(cls, size: int) -> int:
-        if size % 2 == 0:
-            raise ValueError(f"must be odd (walls and cells alternate), got {size}")
+    def _maze_size(cls, size: int) -> int:
+        check_size(size)
         return size
 
     @model_validator(mode="after")
     def _training_seeds_only(self) -> SftConfig:
         # The mazes skip the layouts reserved for eval sets (about 1 in 8), so they need more seeds
-        # than num_mazes: check the seeds the SFT will play, not the first num_mazes.
+        # than num_mazes: check the seeds the SFT will play, after the quick check that would
+        # otherwise carve mazes up to the limit before failing.
+        if self.first_seed + self.num_mazes > TRAIN_SEED_LIMIT:
+            raise ValueError(f"{self.num_mazes} training mazes from seed {self.first_seed} reach the eval seed "
+                             f"range (>= {TRAIN_SEED_LIMIT:,}); SFT trains on training seeds only")
         try:
             training_seeds(self.first_seed, self.num_mazes, self.size)
         except ValueError as error:

@@ -4,6 +4,7 @@ single rank, and checkpoints that resume across world sizes."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,17 @@ COMPARED = (
 def test_a_model_that_is_not_a_local_checkpoint_directory_is_one_error_line_and_exit_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for model in ("Qwen/Qwen3-VL-8B-Instruct", str(tmp_path)):  # a hub id; a directory without config.json
-        assert main(["--model", model, "--shared-root", str(tmp_path / "shared")]) == 1
-        lines = capsys.readouterr().err.strip().splitlines()
-        assert len(lines) == 1 and "not a local checkpoint directory" in lines[0] and model in lines[0]
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:  # `main` routes the root logger to the captured stderr, which pytest closes afterwards
+        for model in ("Qwen/Qwen3-VL-8B-Instruct", str(tmp_path)):  # a hub id; a directory without config.json
+            # --nproc 2: refused before torchrun starts any rank
+            assert main(["--model", model, "--shared-root", str(tmp_path / "shared"), "--nproc", "2"]) == 1
+            lines = capsys.readouterr().err.strip().splitlines()
+            assert len(lines) == 1 and "not a local checkpoint directory" in lines[0] and model in lines[0]
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 def test_the_torchrun_command_passes_the_worker_flags_through_unchanged(tmp_path: Path) -> None:
