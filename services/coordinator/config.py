@@ -102,6 +102,12 @@ class GrpoSettings(_Strict):
         description="Subtracted from the advantage of every turn after which the observation images did not "
                     "change (a wall bump in the maze), whatever the episode's reward (0 = off).",
     )
+    invalid_penalty: float = Field(
+        0.0, ge=0.0, le=10.0,
+        description="Subtracted from the advantage of every turn whose action the env could not read (its "
+                    "info.invalid: e.g. two moves run together, 'downright'), whatever the episode's reward "
+                    "(0 = off).",
+    )
     path_credit: PathCredit = Field(
         "off",
         description="In an episode that scored above its group's mean, only the turns on its loop-erased path "

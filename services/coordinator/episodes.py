@@ -47,6 +47,8 @@ class EpisodeResult:
     observation_keys: list[str] = field(default_factory=list)
     # The digest of the observation the episode ended on ("" while it runs): where it got to.
     final_observation_key: str = ""
+    # One flag per turn: the env could not read the action (its `info.invalid`, e.g. "downright").
+    invalid_turns: list[bool] = field(default_factory=list)
 
     @property
     def solved(self) -> bool:
@@ -176,6 +178,7 @@ async def play_episodes(
                 episode = results[i]
                 episode.reward = state.reward
                 episode.info = MessageToDict(state.info)
+                episode.invalid_turns.append(bool(episode.info.get("invalid", False)))
                 frames = [img.data for img in state.observation.images]
                 if keep_frames:
                     episode.frames += frames

@@ -118,12 +118,13 @@ def group_returns(group: list[EpisodeResult], discount: float) -> list[float]:
 
 def turn_advantages(
     group: list[EpisodeResult], normalize: Normalize, discount: float = 1.0, step_weight: float = 0.0,
-    noop_penalty: float = 0.0, path_credit: PathCredit = "off",
+    noop_penalty: float = 0.0, path_credit: PathCredit = "off", invalid_penalty: float = 0.0,
 ) -> list[list[float]]:
     """Per episode, the advantage of each turn (see advantages.py): the episode's group-relative
     advantage (with `path_credit`, a winner's only on its loop-erased path), plus `step_weight`
     times the step-level advantage among the group's turns taken from the same observation
-    (GiGPO), minus `noop_penalty` on the turns that changed nothing."""
+    (GiGPO), minus `noop_penalty` on the turns that changed nothing and `invalid_penalty` on the
+    turns whose action the env could not read."""
     episode = group_advantages(group_returns(group, discount), normalize)
     turns = [len(e.actions) for e in group]
     per_turn = [[a] * n if path_credit == "off" else
@@ -138,6 +139,9 @@ def turn_advantages(
     if noop_penalty != 0.0:
         per_turn = [[a - noop_penalty * noop for a, noop in zip(base, noop_turns(e.observation_keys, n), strict=True)]
                     for base, e, n in zip(per_turn, group, turns, strict=True)]
+    if invalid_penalty != 0.0:
+        per_turn = [[a - invalid_penalty * bad for a, bad in zip(base, e.invalid_turns, strict=True)]
+                    for base, e in zip(per_turn, group, strict=True)]
     return per_turn
 
 
@@ -147,13 +151,21 @@ def noop_fraction(episodes: list[EpisodeResult]) -> float:
     return sum(flags) / len(flags) if flags else 0.0
 
 
+def invalid_fraction(episodes: list[EpisodeResult]) -> float:
+    """The share of the episodes' turns whose action the env could not read."""
+    flags = [f for e in episodes for f in e.invalid_turns]
+    return sum(flags) / len(flags) if flags else 0.0
+
+
 def to_trajectories(
     groups: list[list[EpisodeResult]], normalize: Normalize, step: int, discount: float = 1.0,
     step_weight: float = 0.0, noop_penalty: float = 0.0, path_credit: PathCredit = "off",
+    invalid_penalty: float = 0.0,
 ) -> list[Trajectory]:
     trajectories = []
     for g, group in enumerate(groups):
-        advantages = turn_advantages(group, normalize, discount, step_weight, noop_penalty, path_credit)
+        advantages = turn_advantages(group, normalize, discount, step_weight, noop_penalty, path_credit,
+                                     invalid_penalty)
         for k, (episode, turns) in enumerate(zip(group, advantages, strict=True)):
             conv = episode.conversation
             trajectories.append(conv.to_trajectory(
@@ -246,7 +258,7 @@ async def execute_run(ctx: RunContext) -> RunState:
             # 4. Group-relative advantages on the coordinator; the learner only sees per-token arrays.
             trajectories = to_trajectories(groups, cfg.grpo.advantage_norm, step, cfg.grpo.discount,
                                            cfg.grpo.step_advantage_weight, cfg.grpo.noop_penalty,
-                                           cfg.grpo.path_credit)
+                                           cfg.grpo.path_credit, cfg.grpo.invalid_penalty)
             #    With hindsight relabelling, failed episodes replayed to where they ended (and/or solved
             #    ones along their clean way), spread over the mini-batches.
             relabelled: list[Trajectory] = []
@@ -297,6 +309,7 @@ async def execute_run(ctx: RunContext) -> RunState:
                 "episodes/num_played": sampled.num_played,
                 "episodes/turns_mean": sum(len(e.actions) for e in flat) / len(flat),
                 "episodes/noop_fraction": noop_fraction(flat),
+                "episodes/invalid_fraction": invalid_fraction(flat),
                 "groups/num": len(groups),
                 "groups/num_informative": sum(
                     is_informative(group_returns(g, cfg.grpo.discount)) for g in groups),

@@ -1,6 +1,6 @@
 """Advantages of a group of played episodes, per turn and per token (`runloop.turn_advantages`,
 `runloop.to_trajectories`): episode-level GRPO alone, with GiGPO's step-level term, with the no-op
-penalty and with credit on the loop-erased path only."""
+and invalid-action penalties and with credit on the loop-erased path only."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from services.coordinator.episodes import EpisodeResult, observation_key
 from tests.coordinator.chat import CHAT
 
 
-def _episode(states: list[bytes], reward: float) -> EpisodeResult:
-    """An episode that acted once from each frame in `states` (one generated token per turn)."""
+def _episode(states: list[bytes], reward: float, invalid: list[bool] | None = None) -> EpisodeResult:
+    """An episode that acted once from each frame in `states` (one generated token per turn);
+    `invalid` flags the turns whose action the env could not read (none by default)."""
     conv = TokenConversation(CHAT)
     for frame in states:
         conv.compact_ids += [1, 7, 3, 4, 5, 2, 6, 1, 8]
@@ -22,7 +23,8 @@ def _episode(states: list[bytes], reward: float) -> EpisodeResult:
         conv.add_generation(conv.record_ids + conv.compact_ids[len(conv.record_ids):], [10], [-0.5])
     return EpisodeResult(spec=env_pb2.EpisodeSpec(seed=1), group_index=0, conversation=conv,
                          actions=["up"] * len(states), reward=reward,
-                         observation_keys=[observation_key([f]) for f in states])
+                         observation_keys=[observation_key([f]) for f in states],
+                         invalid_turns=invalid if invalid is not None else [False] * len(states))
 
 
 def test_observation_keys_tell_images_apart() -> None:
@@ -73,6 +75,17 @@ def test_the_noop_penalty_lowers_only_the_turns_that_changed_nothing() -> None:
     assert clean == [0.0, 0.0] and bumped == [-0.5, -0.5, 0.0, 0.0]
     solved = [_episode([b"A", b"A", b"B"], 1.0), _episode([b"A", b"C"], 0.0)]
     assert runloop.turn_advantages(solved, "none", noop_penalty=1.0) == [[-0.5, 0.5, 0.5], [-0.5, -0.5]]
+
+
+def test_the_invalid_penalty_lowers_only_the_turns_the_env_could_not_read() -> None:
+    # The first solves after an unreadable first action; the second fails cleanly.
+    group = [_episode([b"A", b"A", b"B"], 1.0, invalid=[True, False, False]), _episode([b"A", b"C"], 0.0)]
+    assert runloop.turn_advantages(group, "none") == [[0.5] * 3, [-0.5] * 2]
+    assert runloop.turn_advantages(group, "none", invalid_penalty=1.0) == [[-0.5, 0.5, 0.5], [-0.5, -0.5]]
+    # Both penalties: a bump (frame A again) that was also unreadable pays both.
+    both = runloop.turn_advantages(group, "none", noop_penalty=0.25, invalid_penalty=1.0)
+    assert both == [[-0.75, 0.5, 0.5], [-0.5, -0.5]]
+    assert runloop.invalid_fraction(group) == pytest.approx(1 / 5)
 
 
 def test_noop_fraction_counts_repeated_observations_over_all_turns() -> None:
