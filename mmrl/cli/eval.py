@@ -156,6 +156,7 @@ def main(argv: list[str]) -> int:
     result = {
         "solve_rate": summary["greedy_solve_rate"], "episodes": summary["episodes"],
         "mean_moves_over_optimal": summary["mean_moves_over_optimal"],
+        "invalid_fraction": summary["greedy_invalid_fraction"],
         "sampled_solve_rate": summary["sampled_solve_rate"], "sampled_pass_rate": summary["sampled_pass_rate"],
         "samples": args.samples, "model": str(args.model),
         "adapter": str(args.adapter) if args.adapter else None, "wall_s": time.perf_counter() - started,

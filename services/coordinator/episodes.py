@@ -55,6 +55,12 @@ class EpisodeResult:
         return bool(self.info.get("solved", self.reward > 0))
 
 
+def invalid_fraction(episodes: list[EpisodeResult]) -> float:
+    """The share of the episodes' turns whose action the env could not read."""
+    flags = [f for e in episodes for f in e.invalid_turns]
+    return sum(flags) / len(flags) if flags else 0.0
+
+
 @dataclass(frozen=True)
 class Sampling:
     temperature: float

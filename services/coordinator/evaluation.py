@@ -13,7 +13,7 @@ from typing import Any
 from mmrl.v1 import env_pb2
 from services.common.conversation import ChatTokens, Tokenizer
 from services.coordinator.clients import Services
-from services.coordinator.episodes import EpisodeResult, Sampling, Timers, play_episodes
+from services.coordinator.episodes import EpisodeResult, Sampling, Timers, invalid_fraction, play_episodes
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,7 @@ async def run_eval(
         "sampled_pass_rate": pass_rate(sampled) if sampled else None,
         "sampled_episodes": len(sampled),
         "mean_moves_over_optimal": mean_moves_over_optimal(greedy),
+        "greedy_invalid_fraction": invalid_fraction(greedy),
         "mean_reward": sum(e.reward for e in greedy) / len(greedy) if greedy else 0.0,
     }
     return summary, greedy

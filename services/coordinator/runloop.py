@@ -48,7 +48,7 @@ from services.coordinator.advantages import (
 )
 from services.coordinator.clients import ServiceError, Services
 from services.coordinator.config import EnvSettings, RunConfig
-from services.coordinator.episodes import EpisodeResult, Sampling, Timers, play_episodes
+from services.coordinator.episodes import EpisodeResult, Sampling, Timers, invalid_fraction, play_episodes
 from services.coordinator.evaluation import EvalPlan, episode_record, eval_turn_limit, run_eval
 from services.coordinator.store import RunState, RunStore, state_change
 
@@ -148,12 +148,6 @@ def turn_advantages(
 def noop_fraction(episodes: list[EpisodeResult]) -> float:
     """The share of the episodes' turns that changed nothing (wall bumps in the maze)."""
     flags = [f for e in episodes for f in noop_turns(e.observation_keys, len(e.actions))]
-    return sum(flags) / len(flags) if flags else 0.0
-
-
-def invalid_fraction(episodes: list[EpisodeResult]) -> float:
-    """The share of the episodes' turns whose action the env could not read."""
-    flags = [f for e in episodes for f in e.invalid_turns]
     return sum(flags) / len(flags) if flags else 0.0
 
 

@@ -9,7 +9,7 @@ import pytest
 from mmrl.v1 import env_pb2
 from services.common.conversation import TokenConversation
 from services.coordinator import runloop
-from services.coordinator.episodes import EpisodeResult, observation_key
+from services.coordinator.episodes import EpisodeResult, invalid_fraction, observation_key
 from tests.coordinator.chat import CHAT
 
 
@@ -85,7 +85,7 @@ def test_the_invalid_penalty_lowers_only_the_turns_the_env_could_not_read() -> N
     # Both penalties: a bump (frame A again) that was also unreadable pays both.
     both = runloop.turn_advantages(group, "none", noop_penalty=0.25, invalid_penalty=1.0)
     assert both == [[-0.75, 0.5, 0.5], [-0.5, -0.5]]
-    assert runloop.invalid_fraction(group) == pytest.approx(1 / 5)
+    assert invalid_fraction(group) == pytest.approx(1 / 5)
 
 
 def test_noop_fraction_counts_repeated_observations_over_all_turns() -> None:
