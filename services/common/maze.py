@@ -97,7 +97,7 @@ def training_seeds(first_seed: int, count: int, size: int) -> tuple[int, ...]:
     when they would reach the eval seed range. Cached: the SFT asks for the same list at every
     frame-reading update, and 2,000 mazes take about 70 ms to carve."""
     seeds: list[int] = []
-    seed = first_seed
+    seed = first_seed if first_seed + count <= TRAIN_SEED_LIMIT else TRAIN_SEED_LIMIT  # too many: fail at once
     while len(seeds) < count:
         if seed >= TRAIN_SEED_LIMIT:
             raise ValueError(f"{count} training mazes from seed {first_seed} reach the eval seed range "
