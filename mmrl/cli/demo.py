@@ -27,7 +27,9 @@ def sft_checkpoint(args: argparse.Namespace, base_model: Path) -> tuple[Path, fl
         if report.get("fingerprint") == config.fingerprint() and "eval" in report:
             print(f"reusing the SFT checkpoint {out} (same config; trained in {report['sft_wall_s']:.0f} s)")
             return out, float(report["sft_wall_s"]), report
-    print(f"SFT warm start ({config.updates} updates) -> {out}", flush=True)
+    budget = (f"up to {config.updates} updates, stopped by the first check above {config.stop_above}"
+              if config.stop_above is not None else f"{config.updates} updates")
+    print(f"SFT warm start ({budget}) -> {out}", flush=True)
     report = run_sft(config, args.state_dir / "sft")
     return out, float(report["sft_wall_s"]), report
 
@@ -136,6 +138,7 @@ def main(argv: list[str]) -> int:
         "start_sampled_pass_rate": evals[0].get("sampled_pass_rate"),
         "end_sampled_pass_rate": evals[-1].get("sampled_pass_rate"),
         "sft_solve_rate": sft_report.get("eval", {}).get("greedy_solve_rate"),
+        "sft_updates": sft_report.get("updates"), "sft_checks": sft_report.get("checks"),
         "budget_min": args.budget_min,
         "within_budget_step": within["step"] if within else None,
         "within_budget_solve_rate": within["greedy_solve_rate"] if within else None,

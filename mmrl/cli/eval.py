@@ -55,12 +55,14 @@ def held_out_seeds(size: str, count: int) -> list[int]:
 
 async def evaluate(
     env_addr: str, rollout_addr: str, model: Path, *, size: str = "easy", seeds: Sequence[int] | None = None,
-    adapter: tuple[str, int, str] | None = None, samples: int = 0, temperature: float = 1.0,
-    max_tokens: int = 4, system_prompt: str = DEFAULT_SYSTEM_PROMPT, keep_frames: bool = False,
+    maze: tuple[int, int] | None = None, adapter: tuple[str, int, str] | None = None, samples: int = 0,
+    temperature: float = 1.0, max_tokens: int = 4, system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+    keep_frames: bool = False,
 ) -> tuple[dict[str, Any], list[Any]]:
-    """Greedy (and optionally sampled) evaluation; `adapter` is (run_id, version, path) to load first."""
+    """Greedy (and optionally sampled) evaluation; `adapter` is (run_id, version, path) to load first.
+    `seeds` are played with the grid and move limit of the `size` preset, or with `maze` = (grid, max_moves)."""
     name = PRESETS[size]
-    grid, max_moves = RECIPES[name].size, RECIPES[name].max_moves
+    grid, max_moves = maze or (RECIPES[name].size, RECIPES[name].max_moves)
     services = Services.connect(env_addr, [rollout_addr], "127.0.0.1:1", CallPolicy(timeout_s=600, retries=2))
     try:
         if seeds is None:

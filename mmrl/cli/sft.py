@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,12 @@ def run_sft(config: Any, state_dir: Path, evaluate_after: bool = True, quiet: bo
     stack = Stack(StackConfig(model=Path(config.out).resolve(), state_dir=state_dir))
     try:
         stack.start(("env",), log=not quiet)
-        report = train_sft(config, stack.address("env"), progress=say)
+        check = validation_check(stack, config) if config.stop_above is not None else None
+        report = train_sft(config, stack.address("env"), progress=say, check=check)
         if evaluate_after:
             from mmrl.cli.eval import evaluate
 
+            stack.config.model = Path(config.out).resolve()
             stack.start(("rollout",), log=not quiet)
             summary, _ = asyncio.run(evaluate(stack.address("env"), stack.address("rollout"), Path(config.out),
                                               samples=0, system_prompt=config.system_prompt))
@@ -53,6 +56,28 @@ def run_sft(config: Any, state_dir: Path, evaluate_after: bool = True, quiet: bo
     finally:
         stack.stop()
     return report
+
+
+def validation_check(stack: Stack, config: Any) -> Callable[[Path], dict[str, Any]]:
+    """The SFT's check (`stop_above`): a rollout service on the checkpoint, then the greedy solve rate of
+    the validation mazes (`check_seeds`) through it and the stack's env service."""
+    from mmrl.cli.eval import evaluate
+    from services.learner.sft import check_seeds
+
+    seeds = check_seeds(config)
+
+    def check(model_dir: Path) -> dict[str, Any]:
+        stack.config.model = model_dir.resolve()
+        stack.start(("rollout",), log=False)
+        try:
+            summary, _ = asyncio.run(evaluate(stack.address("env"), stack.address("rollout"), model_dir,
+                                              seeds=seeds, maze=(config.size, config.max_moves),
+                                              system_prompt=config.system_prompt))
+        finally:
+            stack.stop_service("rollout")
+        return summary
+
+    return check
 
 
 def main(argv: list[str]) -> int:

@@ -20,6 +20,16 @@ then GRPO.
 Training is a full fine-tune (every weight of the model, vision tower included) with the token-mean
 negative log-likelihood of the action tokens (<|im_end|> included), AdamW and linear warm-up. The
 result is a standard HF model directory that `mmrl serve rollout --model` and the learner load.
+
+A start of a chosen strength (optional, `stop_above`). Where the SFT stops on purpose (a partially
+trained start for GRPO), a fixed number of updates does not give the same start on every machine:
+floating-point sums differ between CPUs, the runs drift apart, and near the steep part of the
+learning curve the same budget gave 0.48 on one machine's fixed eval set and 0.62 on another's. With
+`stop_above`, every `check_every` updates from `check_from` on the caller's `check` measures the
+greedy solve rate of a saved checkpoint on `check_mazes` validation mazes (training seeds whose
+layouts the SFT does not play and no eval set holds; `check_seeds`). The first check above
+`stop_above` ends the SFT, and the last checkpoint at or below it is the one saved; `updates` is then
+the most the SFT may run.
 """
 
 from __future__ import annotations
@@ -47,8 +57,11 @@ from services.common.conversation import (
 )
 from services.common.maze import (  # the eval sets' seeds and layouts are never trained on
     DIRECTIONS,
+    TRAIN_SEED_LIMIT,
     check_size,
     generate_maze,
+    is_eval_layout,
+    layout_key,
     num_cells_per_side,
     training_seeds,
 )
@@ -62,7 +75,8 @@ ACTIONS = ("up", "down", "left", "right")
 # Part of the fingerprint: bumped when the same config builds other data. 2: the training mazes skip
 # the layouts reserved for eval sets (1 took seeds first_seed.. whatever their layouts).
 SFT_DATA_VERSION = 2
-_ADDED_LATER = ("detour_moves", "reading_updates", "reading_batch_size")
+_ADDED_LATER = ("detour_moves", "reading_updates", "reading_batch_size", "stop_above", "check_from", "check_every",
+                "check_mazes", "check_first_seed")
 READING_QUESTION = "Which moves are open from your cell?"
 
 
@@ -97,6 +111,15 @@ class SftConfig(BaseModel):
     save_at: list[int] = Field(
         default_factory=list, description="Also save intermediate checkpoints at these updates (<out>-u<N>)."
     )
+    stop_above: float | None = Field(
+        None, ge=0.0, lt=1.0,
+        description="Stop at the first check whose validation greedy solve rate is above this and keep the last "
+                    "checkpoint at or below it (None: no checks; train `updates`).")
+    check_from: int = Field(500, ge=1, description="First update with a check (with stop_above).")
+    check_every: int = Field(100, ge=1, description="Updates between checks (with stop_above).")
+    check_mazes: int = Field(128, ge=1, description="Validation mazes per check (with stop_above).")
+    check_first_seed: int = Field(
+        900_000, ge=0, lt=TRAIN_SEED_LIMIT, description="Validation mazes: training seeds from here on (check_seeds).")
 
     @field_validator("size")
     @classmethod
@@ -112,7 +135,15 @@ class SftConfig(BaseModel):
             training_seeds(self.first_seed, self.num_mazes, self.size)
         except ValueError as error:
             raise ValueError(f"{error}; SFT trains on training seeds only") from None
+        if self.stop_above is not None and self.check_from > self.updates:
+            raise ValueError(f"check_from {self.check_from} is after the last update ({self.updates}): no check "
+                             "would run")
         return self
+
+    def is_check(self, update: int) -> bool:
+        """Whether a check runs after `update` (only with stop_above)."""
+        return (self.stop_above is not None and update >= self.check_from
+                and (update - self.check_from) % self.check_every == 0)
 
     def fingerprint(self) -> str:
         """Identifies the checkpoint this config produces (used to reuse a cached SFT)."""
@@ -126,6 +157,24 @@ class SftConfig(BaseModel):
     def maze_seeds(self) -> list[int]:
         """The training mazes' seeds: from first_seed on, skipping layouts reserved for eval sets."""
         return list(training_seeds(self.first_seed, self.num_mazes, self.size))
+
+
+def check_seeds(config: SftConfig) -> list[int]:
+    """The validation mazes of the checks: `check_mazes` training seeds from `check_first_seed` on whose
+    layouts are distinct, not reserved for eval sets, and not among the layouts the SFT trains on."""
+    seen = {layout_key(seed, config.size) for seed in config.maze_seeds()}
+    seeds: list[int] = []
+    seed = config.check_first_seed
+    while len(seeds) < config.check_mazes:
+        if seed >= TRAIN_SEED_LIMIT:
+            raise ValueError(f"{config.check_mazes} validation mazes from seed {config.check_first_seed} reach "
+                             f"the eval seed range (>= {TRAIN_SEED_LIMIT:,}); {len(seeds)} found")
+        key = layout_key(seed, config.size)
+        if not is_eval_layout(key) and key not in seen:
+            seen.add(key)
+            seeds.append(seed)
+        seed += 1
+    return seeds
 
 
 def expert_conversations(
@@ -229,8 +278,13 @@ def frame_reading_questions(
     return questions
 
 
-def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], None] = print) -> dict[str, Any]:
-    """Builds the data, fine-tunes, saves the model directory; returns a report."""
+def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], None] = print,
+              check: Callable[[Path], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Builds the data, fine-tunes, saves the model directory; returns a report. With `stop_above`,
+    `check(model_dir)` evaluates a checkpoint on the validation mazes (`check_seeds`) and returns the
+    eval summary (`greedy_solve_rate`, `episodes`)."""
+    if config.stop_above is not None and check is None:
+        raise ValueError("stop_above needs a check: the validation solve rate of a checkpoint")
     started = time.perf_counter()
     torch.manual_seed(config.seed)
     processor = load_processor(Path(config.base_model))
@@ -277,19 +331,59 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
         del order[: config.batch_size]
         return picked
 
-    history = fit.run("sft", config.updates, next_batch, config.micro_batch_size, save_at=config.save_at)
+    checks: list[dict[str, Any]] = []
+
+    def after_update(update: int, history: list[dict[str, Any]]) -> bool:
+        """Intermediate saves and checks; True ends the SFT (a check above stop_above)."""
+        is_check = config.is_check(update)
+        if not (is_check or update in config.save_at):
+            return False
+        # The last update's model goes to `out` itself; earlier ones to <out>-u<N>.
+        saved = Path(config.out) if update == config.updates else Path(f"{config.out}-u{update}")
+        _save(model, processor, saved, {"updates": update, "loss_history": history})
+        if not is_check or check is None:
+            return False
+        summary = check(saved)
+        rate = float(summary["greedy_solve_rate"])
+        checks.append({"updates": update, "validation_solve_rate": rate, "episodes": summary["episodes"]})
+        progress(f"sft check at update {update}: greedy solve rate {rate:.4f} on {config.check_mazes} "
+                 f"validation mazes ({time.perf_counter() - started:.0f} s)")
+        return config.stop_above is not None and rate > config.stop_above
+
+    history = fit.run("sft", config.updates, next_batch, config.micro_batch_size, after_update=after_update)
+    kept = _kept_update(config, checks, ran=len(history))
     report = {
         "config": config.model_dump(), "fingerprint": config.fingerprint(), "num_conversations": len(data),
-        "num_action_tokens": num_actions, "updates": config.updates, "final_loss": history[-1]["loss"] if history else None,
-        "loss_history": history, "sft_wall_s": time.perf_counter() - started, "kind": "full-fine-tune",
+        "num_action_tokens": num_actions, "updates": kept, "updates_run": len(history),
+        "final_loss": history[kept - 1]["loss"] if kept else None, "loss_history": history[:kept],
+        "sft_wall_s": time.perf_counter() - started, "kind": "full-fine-tune",
     }
+    if checks:
+        report["checks"] = checks
+        report["stop_above"] = config.stop_above
     if config.reading_updates:
         report["reading_updates"] = config.reading_updates
         report["reading_final_loss"] = reading_history[-1]["loss"]
         report["reading_loss_history"] = reading_history
-    _save(model, processor, Path(config.out), report)
-    log.info("sft saved", extra={"out": config.out, "wall_s": report["sft_wall_s"]})
+    if kept == len(history):
+        _save(model, processor, Path(config.out), report)
+    else:
+        progress(f"sft keeps the checkpoint of update {kept} (the last check at or below {config.stop_above})")
+        _keep_checkpoint(Path(f"{config.out}-u{kept}"), Path(config.out), report)
+    for entry in checks:  # checkpoints saved only for a check (the one kept is in `out` now)
+        if entry["updates"] != config.updates and entry["updates"] not in config.save_at:
+            shutil.rmtree(f"{config.out}-u{entry['updates']}", ignore_errors=True)
+    log.info("sft saved", extra={"out": config.out, "updates": kept, "wall_s": report["sft_wall_s"]})
     return report
+
+
+def _kept_update(config: SftConfig, checks: list[dict[str, Any]], ran: int) -> int:
+    """The update whose model the SFT keeps: the last one trained, unless a check rose above stop_above;
+    then the last check at or below it (the first check when none was)."""
+    if not checks or config.stop_above is None or checks[-1]["validation_solve_rate"] <= config.stop_above:
+        return ran
+    below = [entry["updates"] for entry in checks if entry["validation_solve_rate"] <= config.stop_above]
+    return below[-1] if below else checks[0]["updates"]
 
 
 class _Fitter:
@@ -302,7 +396,8 @@ class _Fitter:
         self.progress, self.started = progress, started
 
     def run(self, phase: str, updates: int, next_batch: Callable[[], list[Trajectory]], micro_batch_size: int,
-            save_at: list[int] | None = None) -> list[dict[str, Any]]:
+            after_update: Callable[[int, list[dict[str, Any]]], bool] | None = None) -> list[dict[str, Any]]:
+        """`updates` optimiser updates; `after_update(update, history)` returning True ends the phase early."""
         config, model = self.config, self.model
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
         schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -327,9 +422,8 @@ class _Fitter:
             if update % 25 == 0 or update == updates:
                 self.progress(f"{phase} update {update}/{updates}  nll/token {loss_sum:.4f}  "
                               f"({time.perf_counter() - self.started:.0f} s)")
-            if save_at and update in save_at and update != updates:
-                _save(model, self.processor, Path(f"{config.out}-u{update}"),
-                      {"updates": update, "loss_history": history})
+            if after_update is not None and after_update(update, history):
+                break
         return history
 
 
@@ -337,11 +431,27 @@ def _save(model: Any, processor: Any, out: Path, report: dict[str, Any]) -> None
     """Writes a complete HF model directory (weights, tokenizer, processor, report) into a temporary
     sibling, then swaps it in: `out` is never a partly written model, and a previous model there is
     deleted only once the new one is in place (put back if the swap fails)."""
-    tmp, old = out.parent / f".tmp-{out.name}", out.parent / f".old-{out.name}"
+    tmp = out.parent / f".tmp-{out.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     processor.save_pretrained(tmp)
     (tmp / "sft_report.json").write_text(json.dumps(report, indent=2))
+    _swap_in(tmp, out)
+
+
+def _keep_checkpoint(checkpoint: Path, out: Path, report: dict[str, Any]) -> None:
+    """Makes an intermediate checkpoint the SFT's model: copied next to `out` with the final report, then
+    swapped in as `_save` does."""
+    tmp = out.parent / f".tmp-{out.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(checkpoint, tmp)
+    (tmp / "sft_report.json").write_text(json.dumps(report, indent=2))
+    _swap_in(tmp, out)
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Renames the complete model directory `tmp` to `out`, keeping the previous `out` until it is in place."""
+    old = out.parent / f".old-{out.name}"
     shutil.rmtree(old, ignore_errors=True)
     if out.exists():
         out.rename(old)

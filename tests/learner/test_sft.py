@@ -1,9 +1,10 @@
-"""SFT: expert data through a real env service, and the seed ranges it may use."""
+"""SFT: expert data through a real env service, the seed ranges it may use, and the checks that stop it."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -221,3 +222,86 @@ def test_saving_over_a_model_swaps_it_in_and_a_failed_save_keeps_the_old_one(
         _save(Saves("third"), Saves("third"), out, {"updates": 4})
     assert (out / "weights").read_text() == "second"
     assert not (tmp_path / ".old-sft").exists()
+
+
+def _weights_digest(model_dir: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_checks_end_the_sft_above_the_bar_and_keep_the_last_checkpoint_at_or_below_it(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """stop_above: checks after updates 2, 4 and 6 read 0.2, 0.5 and 0.7 (scripted); the third is above
+    0.5, so the SFT stops there, before its 8 updates, and keeps update 4's weights."""
+    out = tmp_path / "sft"
+    config = SftConfig(base_model=str(tiny_model_dir), out=str(out), num_mazes=4, updates=8, batch_size=4,
+                       micro_batch_size=4, warmup_steps=0, learning_rate=3e-3, stop_above=0.5, check_from=2,
+                       check_every=2, check_mazes=4, save_at=[2])
+    rates = iter([0.2, 0.5, 0.7])
+    digests: dict[int, str] = {}
+
+    def check(model_dir: Path) -> dict[str, object]:
+        update = int(json.loads((model_dir / "sft_report.json").read_text())["updates"])
+        digests[update] = _weights_digest(model_dir)
+        return {"greedy_solve_rate": next(rates), "episodes": 4}
+
+    report = _with_env_service(lambda address: train_sft(config, address, lambda _m: None, check=check))
+    assert [c["updates"] for c in report["checks"]] == [2, 4, 6]
+    assert report["updates"] == 4 and report["updates_run"] == 6 and len(report["loss_history"]) == 4
+    assert len(set(digests.values())) == 3  # each check saw other weights
+    assert _weights_digest(out) == digests[4]
+    assert json.loads((out / "sft_report.json").read_text())["updates"] == 4
+    # Checkpoints saved only for a check are gone; the one save_at asked for stays.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sft", "sft-u2"]
+
+
+def test_without_a_check_above_the_bar_the_sft_runs_its_updates_and_keeps_the_last() -> None:
+    from services.learner.sft import _kept_update
+
+    config = SftConfig(base_model="m", out="o", updates=900, stop_above=0.55, check_from=500, check_every=100)
+    assert [u for u in range(1, 901) if config.is_check(u)] == [500, 600, 700, 800, 900]
+    below = [{"updates": u, "validation_solve_rate": 0.4} for u in (500, 600, 700)]
+    assert _kept_update(config, below, ran=900) == 900
+    above_first = [{"updates": 500, "validation_solve_rate": 0.6}]
+    assert _kept_update(config, above_first, ran=500) == 500  # nothing earlier was checked
+    assert not SftConfig(base_model="m", out="o", updates=900).is_check(500)  # no stop_above: no checks
+
+
+def test_checks_need_a_check_and_a_check_before_the_last_update(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="check_from 950 is after the last update"):
+        SftConfig(base_model="m", out="o", updates=900, stop_above=0.5, check_from=950)
+    config = SftConfig(base_model=str(tiny_model_dir), out=str(tmp_path / "sft"), updates=2, stop_above=0.5,
+                       check_from=1)
+    with pytest.raises(ValueError, match="stop_above needs a check"):
+        train_sft(config, "127.0.0.1:1", lambda _m: None)
+    plain = {"base_model": "m", "out": "o", "updates": 900}
+    checked = SftConfig(**plain, stop_above=0.55).fingerprint()
+    assert SftConfig(**plain).fingerprint() != checked != SftConfig(**plain, stop_above=0.5).fingerprint()
+    assert checked != SftConfig(**plain, stop_above=0.55, check_every=50).fingerprint()
+
+
+def test_validation_mazes_are_training_mazes_the_sft_never_plays() -> None:
+    from services.common.maze import is_training_seed, layout_key
+    from services.learner.sft import check_seeds
+
+    config = SftConfig(base_model="m", out="o", stop_above=0.55, check_mazes=128)
+    seeds = check_seeds(config)
+    keys = [layout_key(s, 9) for s in seeds]
+    sft_layouts = {layout_key(s, 9) for s in config.maze_seeds()}
+    assert len(seeds) == len(set(keys)) == 128 and seeds[0] >= config.check_first_seed
+    assert all(is_training_seed(s, 9) for s in seeds) and not sft_layouts & set(keys)
+    assert len(sft_layouts & {layout_key(s, 9) for s in range(seeds[0], seeds[-1])}) > 100  # what skipping avoids
+    with pytest.raises(ValueError, match="reach the eval seed range"):
+        check_seeds(config.model_copy(update={"check_first_seed": 999_990}))
+
+
+@pytest.mark.parametrize("name", ["sft-tiny.yaml", "sft-tiny-long.yaml"])
+def test_the_shipped_sft_configs_load(name: str) -> None:
+    from mmrl.cli.sft import load_sft_config
+
+    config = load_sft_config(Path(__file__).resolve().parents[2] / "configs" / name, None, None)
+    if name == "sft-tiny.yaml":  # the demo's start: stopped by its checks, inside the 30-55% band's top
+        assert config.stop_above == 0.55 and config.is_check(config.check_from) and config.check_from < config.updates
+    else:
+        assert config.stop_above is None and config.updates == 1500

@@ -1,0 +1,27 @@
+"""`mmrl sft` with `stop_above`: each check plays the validation mazes through real env and rollout
+services (vLLM on the CPU) on the checkpoint just saved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mmrl.cli.sft import run_sft
+from services.learner.sft import SftConfig
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_check_evaluates_the_saved_checkpoint_on_the_validation_mazes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sft"
+    config = SftConfig(base_model=str(tiny_model_dir), out=str(out), num_mazes=4, updates=2, batch_size=4,
+                       micro_batch_size=4, warmup_steps=0, stop_above=0.9, check_from=2, check_mazes=4)
+    report = run_sft(config, tmp_path / "state", evaluate_after=False, quiet=True)
+    [entry] = report["checks"]
+    assert entry["updates"] == 2 and entry["episodes"] == 4
+    assert entry["validation_solve_rate"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+    assert report["updates"] == 2 and json.loads((out / "sft_report.json").read_text())["checks"] == [entry]
+    log = (tmp_path / "state" / "logs" / "rollout.log").read_text()
+    assert str(out.resolve()) in log  # the rollout service served the checkpoint, not the base model
