@@ -285,7 +285,7 @@ def test_validation_mazes_are_training_mazes_the_sft_never_plays() -> None:
     from services.common.maze import is_training_seed, layout_key
     from services.learner.sft import check_seeds
 
-    config = SftConfig(base_model="m", out="o", stop_above=0.55, check_mazes=128)
+    config = SftConfig(base_model="m", out="o", updates=900, stop_above=0.55, check_mazes=128)
     seeds = check_seeds(config)
     keys = [layout_key(s, 9) for s in seeds]
     sft_layouts = {layout_key(s, 9) for s in config.maze_seeds()}
