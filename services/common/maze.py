@@ -36,6 +36,7 @@ import hashlib
 import random
 import re
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -111,15 +112,34 @@ def training_seeds(first_seed: int, count: int, size: int) -> tuple[int, ...]:
 def eval_seeds(first_seed: int, count: int, size: int, exclude: frozenset[bytes] = frozenset()) -> list[int]:
     """The first `count` eval-range seeds from `first_seed` on whose layouts are reserved for eval,
     distinct, and not among the `exclude` layout keys; ValueError when the eval range runs out."""
+    return _distinct_layout_seeds(
+        first_seed, count, size, exclude, reserved=True, seed_range=range(EVAL_SEED_MIN, EVAL_SEED_MAX),
+        out_of_range=lambda _found: (f"{count} eval mazes from seed {first_seed} leave the eval seed range "
+                                     f"[{EVAL_SEED_MIN:,}, {EVAL_SEED_MAX:,})"))
+
+
+def training_layout_seeds(first_seed: int, count: int, size: int, exclude: frozenset[bytes]) -> list[int]:
+    """The first `count` training seeds from `first_seed` on whose layouts are not reserved for eval,
+    distinct, and not among the `exclude` layout keys (mazes training may play, held apart from some
+    other training data); ValueError when they would reach the eval seed range."""
+    return _distinct_layout_seeds(
+        first_seed, count, size, exclude, reserved=False, seed_range=range(0, TRAIN_SEED_LIMIT),
+        out_of_range=lambda found: (f"{count} training mazes of distinct layouts from seed {first_seed} reach "
+                                    f"the eval seed range (>= {TRAIN_SEED_LIMIT:,}); {found} found"))
+
+
+def _distinct_layout_seeds(first_seed: int, count: int, size: int, exclude: frozenset[bytes], *, reserved: bool,
+                           seed_range: range, out_of_range: Callable[[int], str]) -> list[int]:
+    """Seeds from `first_seed` on, within `seed_range`, whose layouts are (or, with reserved=False, are
+    not) reserved for eval, distinct, and not in `exclude`; ValueError(out_of_range(found)) past the range."""
     seeds: list[int] = []
     seen = set(exclude)
     seed = first_seed
     while len(seeds) < count:
-        if not is_eval_seed(seed):
-            raise ValueError(f"{count} eval mazes from seed {first_seed} leave the eval seed range "
-                             f"[{EVAL_SEED_MIN:,}, {EVAL_SEED_MAX:,})")
+        if seed not in seed_range:
+            raise ValueError(out_of_range(len(seeds)))
         key = layout_key(seed, size)
-        if is_eval_layout(key) and key not in seen:
+        if is_eval_layout(key) == reserved and key not in seen:
             seen.add(key)
             seeds.append(seed)
         seed += 1

@@ -60,9 +60,9 @@ from services.common.maze import (  # the eval sets' seeds and layouts are never
     TRAIN_SEED_LIMIT,
     check_size,
     generate_maze,
-    is_eval_layout,
     layout_key,
     num_cells_per_side,
+    training_layout_seeds,
     training_seeds,
 )
 from services.common.trajectory import Trajectory
@@ -162,19 +162,8 @@ class SftConfig(BaseModel):
 def check_seeds(config: SftConfig) -> list[int]:
     """The validation mazes of the checks: `check_mazes` training seeds from `check_first_seed` on whose
     layouts are distinct, not reserved for eval sets, and not among the layouts the SFT trains on."""
-    seen = {layout_key(seed, config.size) for seed in config.maze_seeds()}
-    seeds: list[int] = []
-    seed = config.check_first_seed
-    while len(seeds) < config.check_mazes:
-        if seed >= TRAIN_SEED_LIMIT:
-            raise ValueError(f"{config.check_mazes} validation mazes from seed {config.check_first_seed} reach "
-                             f"the eval seed range (>= {TRAIN_SEED_LIMIT:,}); {len(seeds)} found")
-        key = layout_key(seed, config.size)
-        if not is_eval_layout(key) and key not in seen:
-            seen.add(key)
-            seeds.append(seed)
-        seed += 1
-    return seeds
+    trained = frozenset(layout_key(seed, config.size) for seed in config.maze_seeds())
+    return training_layout_seeds(config.check_first_seed, config.check_mazes, config.size, exclude=trained)
 
 
 def expert_conversations(
