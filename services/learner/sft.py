@@ -358,8 +358,8 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
         _save(model, processor, Path(config.out), report)
     else:
         progress(f"sft keeps the checkpoint of update {kept} (the last check at or below {config.stop_above})")
-        _keep_checkpoint(Path(f"{config.out}-u{kept}"), Path(config.out), report)
-    for entry in checks:  # checkpoints saved only for a check (the one kept is in `out` now)
+        _keep_checkpoint(Path(f"{config.out}-u{kept}"), Path(config.out), report, move=kept not in config.save_at)
+    for entry in checks:  # checkpoints saved only for a check (the one kept was moved to `out`)
         if entry["updates"] != config.updates and entry["updates"] not in config.save_at:
             shutil.rmtree(f"{config.out}-u{entry['updates']}", ignore_errors=True)
     log.info("sft saved", extra={"out": config.out, "updates": kept, "wall_s": report["sft_wall_s"]})
@@ -428,12 +428,15 @@ def _save(model: Any, processor: Any, out: Path, report: dict[str, Any]) -> None
     _swap_in(tmp, out)
 
 
-def _keep_checkpoint(checkpoint: Path, out: Path, report: dict[str, Any]) -> None:
-    """Makes an intermediate checkpoint the SFT's model: copied next to `out` with the final report, then
-    swapped in as `_save` does."""
+def _keep_checkpoint(checkpoint: Path, out: Path, report: dict[str, Any], move: bool) -> None:
+    """Makes an intermediate checkpoint the SFT's model: moved (or, for one `save_at` keeps, copied) next to
+    `out` with the final report, then swapped in as `_save` does."""
     tmp = out.parent / f".tmp-{out.name}"
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(checkpoint, tmp)
+    if move:
+        checkpoint.rename(tmp)
+    else:
+        shutil.copytree(checkpoint, tmp)
     (tmp / "sft_report.json").write_text(json.dumps(report, indent=2))
     _swap_in(tmp, out)
 
