@@ -66,6 +66,12 @@ class RolloutConfig(BaseModel):
     lora_kernels: Literal["grouped", "vllm"] = "grouped"
     """CPU backend only. "grouped": one matmul per adapter in the batch (services/rollout/cpu_lora.py);
     "vllm": vLLM's reference ops, which copy a weight matrix per token (about 6x slower with an adapter)."""
+    cpu_engine_core_runs_model: bool = True
+    """CPU backend only: run the model in vLLM's engine-core process (its single-process executor)
+    instead of in a worker process of its own. A worker process hands every engine step back over a
+    shared-memory queue that the engine core busy-polls (sched_yield) for 1 s after each read; on a
+    2-core machine that poll takes a core from the model and the service (a greedy eval of 256 mazes:
+    239 s -> 96 s, services/rollout/README.md). Off: vLLM's default worker process."""
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs"
     """Log-probs returned per sampled token: of the model's distribution ("raw", what the learner's forward
     computes) or of the distribution actually sampled from after temperature/top-p/top-k ("processed")."""

