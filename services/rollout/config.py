@@ -70,8 +70,8 @@ class RolloutConfig(BaseModel):
     """CPU backend only: run the model in vLLM's engine-core process (its single-process executor)
     instead of in a worker process of its own. A worker process hands every engine step back over a
     shared-memory queue that the engine core busy-polls (sched_yield) for 1 s after each read; on a
-    2-core machine that poll competes with the model and the service (evals 12-27% faster,
-    services/rollout/README.md). Off: vLLM's default worker process."""
+    2-core machine that poll competes with the model and the service (evals 12-27% faster; GRPO
+    rollouts not measurably, services/rollout/README.md). Off: vLLM's default worker process."""
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs"
     """Log-probs returned per sampled token: of the model's distribution ("raw", what the learner's forward
     computes) or of the distribution actually sampled from after temperature/top-p/top-k ("processed")."""
