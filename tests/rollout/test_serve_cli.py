@@ -42,6 +42,11 @@ async def _wait_for(stub: health_pb2_grpc.HealthStub, status: int, timeout_s: fl
     raise AssertionError(f"health never became {status}; saw {seen[-5:]}")
 
 
+def _is_vllm(process: psutil.Process, role: str) -> bool:
+    """Whether `process` is vLLM's `role` process (it names itself VLLM::<role>)."""
+    return role in process.name() or any(role in part for part in process.cmdline())
+
+
 async def test_the_served_process_reports_engine_state_and_stops_on_sigterm(
         tiny_model_dir: Path, tmp_path: Path) -> None:
     config = tmp_path / "rollout.yaml"
@@ -68,11 +73,9 @@ async def test_the_served_process_reports_engine_state_and_stops_on_sigterm(
             assert len(reply.results[0].completions[0].token_ids) >= 1
 
             children = psutil.Process(proc.pid).children(recursive=True)
-            (engine_core,) = [c for c in psutil.Process(proc.pid).children() if "EngineCore" in c.name()
-                              or any("EngineCore" in part for part in c.cmdline())]
+            (engine_core,) = [c for c in psutil.Process(proc.pid).children() if _is_vllm(c, "EngineCore")]
             # the engine core runs the model itself on the CPU backend: no worker process below it
-            assert not [c for c in children if "Worker" in c.name() or any("Worker" in a for a in c.cmdline())], \
-                [c.cmdline() for c in children]
+            assert not [c for c in children if _is_vllm(c, "Worker")], [c.cmdline() for c in children]
             engine_core.kill()  # the engine dies under the service
             await _wait_for(health, health_pb2.HealthCheckResponse.NOT_SERVING, 60, [])
             with pytest.raises(grpc.aio.AioRpcError) as info:
