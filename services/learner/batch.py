@@ -13,7 +13,7 @@ import io
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -58,6 +58,7 @@ class PreparedTrajectory:
     pixel_values: torch.Tensor | None  # [num_patches, patch_dim]
     image_grid_thw: torch.Tensor | None  # [num_images, 3] long
     weight: float = 1.0
+    image_keys: tuple[bytes, ...] = ()  # one content digest per image (`FrameProcessor.keyed`)
 
     @property
     def num_tokens(self) -> int:
@@ -90,17 +91,23 @@ class PolicyBatch:
     rollout_logprobs: torch.Tensor  # [B, K] float
     advantages: torch.Tensor  # [B, K] float
     weights: torch.Tensor  # [B] float: 1 for real trajectories, 0 for padding copies
+    image_keys: list[bytes] = field(default_factory=list)  # one content digest per image, in order
+    image_features: Any = None  # the vision tower's outputs for these images (services/learner/image_features.py)
 
-    def model_inputs(self, device: torch.device | str) -> dict[str, torch.Tensor]:
-        """Keyword arguments of the HF model's forward (no labels, no cache)."""
-        inputs = {
+    def model_inputs(self, device: torch.device | str) -> dict[str, Any]:
+        """Keyword arguments of the HF model's forward (no labels, no cache): the images as pixels,
+        or as the vision tower's outputs where `image_features` holds them."""
+        inputs: dict[str, Any] = {
             "input_ids": self.input_ids.to(device),
             "attention_mask": self.attention_mask.to(device),
             "mm_token_type_ids": self.mm_token_type_ids.to(device),
         }
         if self.pixel_values is not None:
-            inputs["pixel_values"] = self.pixel_values.to(device)
             inputs["image_grid_thw"] = self.image_grid_thw.to(device)  # type: ignore[union-attr]
+            if self.image_features is not None:
+                inputs["mm_encoder_outputs"] = {"image": self.image_features}
+            else:
+                inputs["pixel_values"] = self.pixel_values.to(device)
         return inputs
 
     @property
@@ -147,9 +154,15 @@ class FrameProcessor:
     def __call__(self, frames: Sequence[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
         """(pixel_values [patches, dim], image_grid_thw [len(frames), 3]); ValueError naming the
         index of a frame that does not decode."""
-        pixels, grids = [], []
+        pixels, grids, _ = self.keyed(frames)
+        return pixels, grids
+
+    def keyed(self, frames: Sequence[bytes]) -> tuple[torch.Tensor, torch.Tensor, tuple[bytes, ...]]:
+        """`self(frames)` and the content digest of each frame."""
+        pixels, grids, keys = [], [], []
         for index, data in enumerate(frames):
             key = hashlib.blake2b(data, digest_size=16).digest()
+            keys.append(key)
             hit = self._cache.get(key)
             if hit is None:
                 try:
@@ -165,7 +178,7 @@ class FrameProcessor:
                 self._cache.move_to_end(key)
             pixels.append(hit[0])
             grids.append(hit[1])
-        return torch.cat(pixels), torch.cat(grids)
+        return torch.cat(pixels), torch.cat(grids), tuple(keys)
 
 
 def _frame_processor(frames: FrameProcessor | Any) -> FrameProcessor:
@@ -196,9 +209,10 @@ def prepare_trajectory(traj: Trajectory, spec: ModelSpec, frames: FrameProcessor
     if len(runs) != len(traj.images):
         raise ValueError(f"{name}: {len(runs)} image placeholder runs but {len(traj.images)} images")
     pixel_values = grid = None
+    keys: tuple[bytes, ...] = ()
     if traj.images:
         try:
-            pixel_values, grid = frames(traj.images)
+            pixel_values, grid, keys = frames.keyed(traj.images)
         except ValueError as exc:
             raise ValueError(f"{name}: {exc}") from exc
         for index, ((_, length), thw) in enumerate(zip(runs, grid.tolist(), strict=True)):
@@ -216,6 +230,7 @@ def prepare_trajectory(traj: Trajectory, spec: ModelSpec, frames: FrameProcessor
         advantages=_on_generated(traj.advantages, traj.loss_mask),
         pixel_values=pixel_values,
         image_grid_thw=grid,
+        image_keys=keys,
     )
 
 
@@ -272,4 +287,5 @@ def collate(items: Sequence[PreparedTrajectory], pad_token_id: int, image_token_
         rollout_logprobs=full_logprobs[:, target_cols],
         advantages=full_advantages[:, target_cols],
         weights=torch.tensor([item.weight for item in items]),
+        image_keys=[key for item in items for key in item.image_keys],
     )

@@ -1,9 +1,11 @@
 """`mmrl bench learner [--json] [--nproc N] [--model DIR] ...`: time GRPO training steps of the
-served learner on a fixed batch of multi-turn maze trajectories.
+served learner on batches of multi-turn maze trajectories.
 
-The batch (64 trajectories by default: 8 groups x 8 episodes x 8 turns, one 80x80 frame per turn)
-is sampled by a real in-process vLLM engine (float32, CPU backend) so that the rollout log-probs
-are genuine, then the engine is shut down and `mmrl serve learner` is started as a separate
+Each batch (64 trajectories by default: 8 groups x 8 episodes x 8 turns, one 80x80 frame per
+turn) has mazes of its own, as each GRPO step has: the learner keeps the frozen vision tower's
+outputs per frame (`--image-cache-mb`), and a batch trained on again would find every frame there.
+The batches are sampled by a real in-process vLLM engine (float32, CPU backend) so that the rollout
+log-probs are genuine, then the engine is shut down and `mmrl serve learner` is started as a separate
 process (torchrun with --nproc > 1) and driven over gRPC like the coordinator drives it:
 ConfigureRun, TrainStep (one warm-up + --steps timed), PublishAdapter, SaveCheckpoint. The last
 line of output is one JSON object.
@@ -36,6 +38,7 @@ def start_learner_process(
     nproc: int = 1,
     num_threads: int | None = None,
     timeout_s: float = 300.0,
+    image_cache_mb: int | None = None,
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Starts `mmrl serve learner` on a free port in its own process group; returns it and the
     port once it serves. Its output goes to work_dir/learner.log."""
@@ -60,6 +63,8 @@ def start_learner_process(
     ]
     if num_threads is not None:
         command += ["--num-threads", str(num_threads)]
+    if image_cache_mb is not None:
+        command += ["--image-cache-mb", str(image_cache_mb)]
     with open(work_dir / "learner.log", "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout_s
@@ -119,21 +124,25 @@ def sample_batch(
         gc.collect()
 
 
-async def drive(port: int, batch: list[Trajectory], steps: int, config: dict[str, Any]) -> dict[str, Any]:
-    """ConfigureRun, 1 + `steps` TrainSteps, PublishAdapter, SaveCheckpoint; returns the numbers."""
+async def drive(port: int, batches: list[list[Trajectory]], config: dict[str, Any]) -> dict[str, Any]:
+    """ConfigureRun, one TrainStep per batch (the first a warm-up, the others timed),
+    PublishAdapter, SaveCheckpoint; returns the numbers."""
     from mmrl.v1 import learner_pb2, learner_pb2_grpc
     from services.common.grpc_server import channel
 
     run_id = f"bench-{int(time.time())}"
-    request = learner_pb2.TrainStepRequest(run_id=run_id, trajectories=[t.to_proto() for t in batch])
+    requests = [
+        learner_pb2.TrainStepRequest(run_id=run_id, trajectories=[t.to_proto() for t in batch])
+        for batch in batches
+    ]
     async with channel(f"127.0.0.1:{port}") as ch:
         stub = learner_pb2_grpc.LearnerServiceStub(ch)
         await stub.ConfigureRun(
             learner_pb2.ConfigureRunRequest(run_id=run_id, config_json=json.dumps(config))
         )
-        first = await stub.TrainStep(request)  # warm-up; its log-probs are those of the sampling policy
+        first = await stub.TrainStep(requests[0])  # warm-up; its log-probs are those of the sampling policy
         times, server_times = [], []
-        for _ in range(steps):
+        for request in requests[1:]:
             start = time.perf_counter()
             reply = await stub.TrainStep(request)
             times.append(time.perf_counter() - start)
@@ -163,12 +172,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--micro-batch-size", type=int, default=8)
     parser.add_argument("--num-threads", type=int, help="torch CPU threads per rank (default: torch's)")
     parser.add_argument(
+        "--image-cache-mb", type=int, help="the learner's memory for vision outputs per frame (0: off; default: its own)"
+    )
+    parser.add_argument(
         "--rollout",
         choices=["vllm", "fake"],
         default="vllm",
         help="sample the batch with real vLLM (default) or a stand-in (no log-prob check)",
     )
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
 
     def say(message: str) -> None:
         print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
@@ -180,15 +194,23 @@ def main(argv: list[str]) -> int:
             from services.common.tiny_model import build_tiny_model
 
             model = build_tiny_model(work / "tiny-model")
-        say(f"sampling {args.groups * args.group_size} trajectories x {args.turns} turns ({args.rollout})")
-        batch = sample_batch(model, args.groups, args.group_size, args.turns, args.rollout)
-        num_tokens = sum(len(t.token_ids) for t in batch)
-        num_generated = sum(t.num_generated_tokens for t in batch)
+        say(
+            f"sampling {1 + args.steps} batches of {args.groups * args.group_size} trajectories x {args.turns} turns"
+            f" ({args.rollout})"
+        )
+        played = sample_batch(model, args.groups * (1 + args.steps), args.group_size, args.turns, args.rollout)
+        size = args.groups * args.group_size  # play_episodes lists the episodes group by group
+        batches = [played[i : i + size] for i in range(0, len(played), size)]
+        timed = batches[1:]
+        num_tokens = statistics.mean(sum(len(t.token_ids) for t in b) for b in timed)
+        num_generated = statistics.mean(sum(t.num_generated_tokens for t in b) for b in timed)
         say(f"starting the learner with {args.nproc} rank(s)")
-        process, port = start_learner_process(model, work / "shared", work, args.nproc, args.num_threads)
+        process, port = start_learner_process(
+            model, work / "shared", work, args.nproc, args.num_threads, image_cache_mb=args.image_cache_mb
+        )
         try:
             config = {"micro_batch_size": args.micro_batch_size, "learning_rate": 1e-5}
-            numbers = asyncio.run(drive(port, batch, args.steps, config))
+            numbers = asyncio.run(drive(port, batches, config))
         finally:
             stop_learner_process(process)
     first = numbers["first"]
@@ -199,9 +221,10 @@ def main(argv: list[str]) -> int:
         "server_step_s": round(numbers["server_step_s"], 4),
         "ranks": args.nproc,
         "num_threads_per_rank": args.num_threads or (1 if args.nproc > 1 else None),
-        "num_trajectories": len(batch),
-        "num_tokens": num_tokens,
-        "num_generated_tokens": num_generated,
+        "image_cache_mb": args.image_cache_mb,
+        "num_trajectories": len(timed[0]),
+        "num_tokens": round(num_tokens),
+        "num_generated_tokens": round(num_generated),
         "micro_batch_size": args.micro_batch_size,
         "publish_ms": round(numbers["publish_ms"], 2),
         "checkpoint_ms": round(numbers["checkpoint_ms"], 2),

@@ -142,6 +142,10 @@ class LearnerSettings(BaseSettings):
     num_threads: int | None = Field(default=None, ge=1, le=1024)
     """CPU threads per rank for torch (MMRL_LEARNER_NUM_THREADS); None keeps torch's default
     (torchrun sets OMP_NUM_THREADS=1 per rank). On a shared CPU one thread avoids oversubscription."""
+    image_cache_mb: int = Field(default=1024, ge=0, le=1 << 20)
+    """Memory for the frozen vision tower's outputs, kept per distinct frame across steps so that the
+    tower runs once per frame (MMRL_LEARNER_IMAGE_CACHE_MB; 0: off). Used on an unsharded learner
+    whose adapter leaves the vision tower alone (services/learner/image_features.py)."""
     log_level: str = Field(
         default="INFO", validation_alias=AliasChoices("MMRL_LEARNER_LOG_LEVEL", "MMRL_LOG_LEVEL", "log_level")
     )

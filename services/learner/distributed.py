@@ -74,6 +74,11 @@ def init_distributed(device: str = "auto") -> DistContext:
     return _CONTEXT
 
 
+def is_sharded(ctx: DistContext, compute_dtype: torch.dtype) -> bool:
+    """Whether `shard_model` wraps the model with FSDP2 (more than one rank, or mixed precision)."""
+    return ctx.world_size > 1 or compute_dtype != torch.float32
+
+
 def shard_model(model: Any, ctx: DistContext, compute_dtype: torch.dtype) -> Any:
     """FSDP2: `fully_shard` every transformer block (the model's `_no_split_modules`: decoder
     layers and vision blocks), then the root. With a compute dtype below float32, parameters are
@@ -82,7 +87,7 @@ def shard_model(model: Any, ctx: DistContext, compute_dtype: torch.dtype) -> Any
     A single float32 rank has nothing to shard: the model is only moved to the device (FSDP2's
     gather copies would double the step time on CPU).
     """
-    if ctx.world_size == 1 and compute_dtype == torch.float32:
+    if not is_sharded(ctx, compute_dtype):
         return model.to(ctx.device)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

@@ -17,12 +17,14 @@ import torch
 
 from services.common import storage
 from services.learner import checkpoint as ckpt
+from services.learner import image_features
 from services.learner.batch import FrameProcessor, ModelSpec
 from services.learner.config import LearnerRunConfig, LearnerSettings
 from services.learner.distributed import (
     DistContext,
     broadcast_object,
     gather_objects,
+    is_sharded,
     scatter_objects,
     shard_model,
 )
@@ -60,6 +62,7 @@ class _Run:
     train_steps: int = 0  # TrainStep calls (GRPO steps)
     adapter_version: int = 0
     restored_from: str = ""
+    images: image_features.ImageFeatureCache | None = None  # the vision tower's outputs per frame, when usable
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -105,8 +108,14 @@ class LearnerEngine:
         model = add_lora(load_base_model(self.model_dir, torch.float32), config)
         model = shard_model(model, self.ctx, self.compute_dtype)
         optimizer = build_optimizer((p for _, p in trainable_parameters(model)), config)
+        images = None
+        if self.settings.image_cache_mb > 0 and image_features.usable(
+            model, is_sharded(self.ctx, self.compute_dtype)
+        ):
+            images = image_features.ImageFeatureCache(self.settings.image_cache_mb << 20)
         self.run = _Run(
-            run_id=run_id, config=config, model=model, optimizer=optimizer, adapter_version=adapter_version
+            run_id=run_id, config=config, model=model, optimizer=optimizer, adapter_version=adapter_version,
+            images=images,
         )
         ckpt.seed_rng(config.seed, self.ctx.rank)
         log.info("configured run", extra={"run_id": run_id, "rank": self.ctx.rank, **self.state().__dict__})
@@ -115,7 +124,9 @@ class LearnerEngine:
     def train(self, minibatches: list[MiniBatch]) -> StepOutcome:
         assert self.run is not None
         run = self.run
-        outcome = train_step(run.model, run.optimizer, minibatches, run.config, run.step, self.spec, self.ctx)
+        outcome = train_step(
+            run.model, run.optimizer, minibatches, run.config, run.step, self.spec, self.ctx, run.images
+        )
         run.step += outcome.num_steps
         run.train_steps += 1
         return outcome

@@ -32,6 +32,10 @@ def parser(settings: LearnerSettings) -> argparse.ArgumentParser:
     parser.add_argument(
         "--num-threads", type=int, default=settings.num_threads, help="torch CPU threads per rank"
     )
+    parser.add_argument(
+        "--image-cache-mb", type=int, default=settings.image_cache_mb,
+        help="memory for the frozen vision tower's outputs per frame (0: off)",
+    )
     parser.add_argument("--log-level", default=settings.log_level)
     parser.add_argument("--nproc", type=int, default=1, help="ranks on this node (torchrun when > 1)")
     parser.add_argument("--nnodes", type=int, default=1, help="nodes (torchrun rendezvous when > 1)")
@@ -52,6 +56,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         f"--device={args.device}",
         f"--dtype={args.dtype}",
         f"--log-level={args.log_level}",
+        f"--image-cache-mb={args.image_cache_mb}",
     ]
     if args.num_threads is not None:
         argv.append(f"--num-threads={args.num_threads}")
@@ -115,6 +120,7 @@ def main(argv: list[str]) -> int:
             "dtype": args.dtype,
             "log_level": args.log_level,
             "num_threads": args.num_threads,
+            "image_cache_mb": args.image_cache_mb,
         }
     )
     log = setup_logging("learner", settings.log_level)

@@ -39,6 +39,7 @@ import torch
 from services.learner.batch import ModelSpec, PolicyBatch, PreparedTrajectory, collate
 from services.learner.config import LearnerRunConfig
 from services.learner.distributed import DistContext, all_reduce
+from services.learner.image_features import ImageFeatureCache
 from services.learner.loss import aggregation_weights, policy_loss
 from services.learner.optim import learning_rate_at, set_learning_rate
 from services.learner.policy import reference_logprobs, token_logprobs
@@ -206,11 +207,15 @@ def train_step(
     step: int,
     spec: ModelSpec,
     ctx: DistContext,
+    images: ImageFeatureCache | None = None,
 ) -> StepOutcome:
     """One optimiser step per mini-batch in each of `config.num_epochs` passes over them, starting
     at optimiser step `step`. Every rank holds the same number of items per mini-batch (padding
-    copies have weight 0). Collective."""
+    copies have weight 0). With `images`, the frozen vision tower runs once per distinct frame of
+    the step, before any update. Collective."""
     chunked = [_batches(minibatch, config, spec) for minibatch in minibatches]
+    if images is not None:
+        images.attach(model, [batch for batches in chunked for batch in batches], ctx.device)
     old = old_policy_logprobs(model, chunked, config, ctx.device)  # before the first update
     totals = torch.zeros(len(_SUMS), dtype=torch.float64)
     max_abs_diff = 0.0

@@ -33,15 +33,15 @@ def trajectories(tokenizer: Any) -> list[Trajectory]:
 
 @pytest.fixture
 def make_driver(tiny_model_dir: Path, tmp_path: Path) -> Callable[..., Any]:
-    """make_driver(shared_root=tmp_path/'shared') -> a single-rank LearnerDriver (a new engine)."""
+    """make_driver(shared_root=tmp_path/'shared', **settings) -> a single-rank LearnerDriver (a new engine)."""
     from services.learner.config import LearnerSettings
     from services.learner.distributed import init_distributed
     from services.learner.driver import LearnerDriver
     from services.learner.engine import LearnerEngine
 
-    def make(shared_root: Path | None = None) -> LearnerDriver:
+    def make(shared_root: Path | None = None, **overrides: Any) -> LearnerDriver:
         settings = LearnerSettings(
-            model=tiny_model_dir, shared_root=shared_root or tmp_path / "shared", num_threads=1
+            model=tiny_model_dir, shared_root=shared_root or tmp_path / "shared", num_threads=1, **overrides
         )  # the CPU is shared: no oversubscription
         return LearnerDriver(LearnerEngine(settings, init_distributed("cpu")))
 
