@@ -34,6 +34,13 @@ class FailedPrecondition(RolloutError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class DeadlineExceeded(RolloutError):
+    """The caller's deadline passed before the call could act (a Sleep that waited for Generate
+    calls to end)."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
 class Unavailable(RolloutError):
     """The engine is starting or dead (worth retrying)."""
 

@@ -27,7 +27,13 @@ from services.common.grpc_server import RunningServer, start_server
 from services.rollout.adapters import AdapterRegistry
 from services.rollout.config import RolloutConfig
 from services.rollout.engine import Engine, EngineResult
-from services.rollout.errors import FailedPrecondition, InvalidArgument, RolloutError, Unavailable
+from services.rollout.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    RolloutError,
+    Unavailable,
+)
 from services.rollout.validation import parse_requests
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name  # "mmrl.v1.RolloutService"
@@ -147,6 +153,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             try:
                 async with self._generate_done:
                     await self._generate_done.wait_for(lambda: self._generating == 0)
+                if _gave_up(context):  # the caller left while it waited: the engine stays awake
+                    raise DeadlineExceeded(
+                        "the caller left (cancelled or past its deadline) while Generate calls ran; still awake"
+                    )
                 # From here a failure or a cancellation leaves the engine possibly asleep: it stays marked
                 # asleep, and WakeUp wakes it (waking an engine that is awake does nothing).
                 self._asleep = True
@@ -175,6 +185,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         info = self._get_ready().engine.info
         return rollout_pb2.GetModelInfoResponse(model=info.name, max_model_len=info.max_model_len,
                                                 vocab_size=info.vocab_size, sleep_supported=info.sleep_supported)
+
+
+def _gave_up(context: grpc.aio.ServicerContext) -> bool:
+    """Whether the caller cancelled the call or its deadline has passed (the server may not have
+    cancelled the handler yet: a Generate ending can wake it first)."""
+    remaining = context.time_remaining()
+    return context.cancelled() or (remaining is not None and remaining <= 0)
 
 
 def _fill_result(out: rollout_pb2.GenerationResult, result: EngineResult, adapter_version: int) -> None:

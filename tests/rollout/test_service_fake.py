@@ -271,9 +271,40 @@ async def test_a_sleep_given_up_while_it_waits_leaves_the_engine_awake_and_servi
     await _attach(service)
     running = await _a_held_generate(service)
     assert await _code(service.stub.Sleep(rollout_pb2.SleepRequest(), timeout=0.2)) == grpc.StatusCode.DEADLINE_EXCEEDED
-    service.engine.hold.set()
+    await asyncio.sleep(0.2)  # past the server's deadline too (it counts from receipt); whichever the server
+    service.engine.hold.set()  # sees first, the end of the Generate or the expiry, the engine must stay awake
     await running
     service.engine.hold = None
-    await asyncio.sleep(0.05)  # the server has seen the cancellation
     assert len((await service.stub.Generate(rollout_pb2.GenerateRequest(requests=[_request()]))).results) == 1
     assert service.engine.sleep_levels == []
+
+
+class _ExpiredContext:
+    """A servicer context whose caller's deadline has passed, though the server has not cancelled
+    the handler yet (a Generate ending can wake the Sleep first)."""
+
+    def __init__(self) -> None:
+        self.aborted: tuple[grpc.StatusCode, str] | None = None
+
+    def time_remaining(self) -> float:
+        return 0.0
+
+    def cancelled(self) -> bool:
+        return False
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.aborted = (code, details)
+        raise grpc.RpcError(details)
+
+
+async def test_a_sleep_whose_deadline_passed_while_it_waited_does_not_put_the_engine_to_sleep(
+    service: Service,
+) -> None:
+    service.engine = FakeEngine(sleep_supported=True)
+    await _attach(service)
+    context = _ExpiredContext()
+    with pytest.raises(grpc.RpcError):
+        await service.server.servicer.Sleep(rollout_pb2.SleepRequest(), context)  # type: ignore[arg-type]
+    assert context.aborted is not None and context.aborted[0] == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert service.engine.sleep_levels == []
+    assert len((await service.stub.Generate(rollout_pb2.GenerateRequest(requests=[_request()]))).results) == 1
