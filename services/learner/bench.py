@@ -172,7 +172,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--micro-batch-size", type=int, default=8)
     parser.add_argument("--num-threads", type=int, help="torch CPU threads per rank (default: torch's)")
     parser.add_argument(
-        "--image-cache-mb", type=int, help="the learner's memory for vision outputs per frame (0: off; default: its own)"
+        "--image-cache-mb",
+        type=int,
+        help="the learner's memory for vision outputs per frame (0: off; default: its own)",
     )
     parser.add_argument(
         "--rollout",
@@ -195,10 +197,11 @@ def main(argv: list[str]) -> int:
 
             model = build_tiny_model(work / "tiny-model")
         say(
-            f"sampling {1 + args.steps} batches of {args.groups * args.group_size} trajectories x {args.turns} turns"
-            f" ({args.rollout})"
+            f"sampling {1 + args.steps} batches of {args.groups * args.group_size} trajectories"
+            f" x {args.turns} turns ({args.rollout})"
         )
-        played = sample_batch(model, args.groups * (1 + args.steps), args.group_size, args.turns, args.rollout)
+        num_groups = args.groups * (1 + args.steps)
+        played = sample_batch(model, num_groups, args.group_size, args.turns, args.rollout)
         size = args.groups * args.group_size  # play_episodes lists the episodes group by group
         batches = [played[i : i + size] for i in range(0, len(played), size)]
         timed = batches[1:]

@@ -70,7 +70,9 @@ class ImageFeatureCache:
     def attach(self, model: Any, batches: Sequence[PolicyBatch], device: torch.device | str) -> None:
         """Sets `image_features` on every batch whose images all carry a digest; the tower runs
         once on the distinct frames among them that the cache does not hold."""
-        keyed = [b for b in batches if b.image_grid_thw is not None and len(b.image_keys) == len(b.image_grid_thw)]
+        keyed = [
+            b for b in batches if b.image_grid_thw is not None and len(b.image_keys) == len(b.image_grid_thw)
+        ]
         step: dict[bytes, tuple[torch.Tensor, ...]] = {}  # this call's features, safe from eviction
         missing: dict[bytes, tuple[PolicyBatch, int]] = {}
         for batch in keyed:
@@ -119,7 +121,7 @@ class ImageFeatureCache:
         per_layer = [out.pooler_output, *(out.deepstack_features or [])]  # each: one tensor per image
         encoded = {}
         for i, (key, _, _) in enumerate(chunk):
-            features = tuple(layer[i].detach() for layer in per_layer)
+            features = tuple(layer[i].detach().clone() for layer in per_layer)  # not views: exact bytes
             encoded[key] = features
             self._store(key, features)
         return encoded

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -214,8 +215,15 @@ def train_step(
     copies have weight 0). With `images`, the frozen vision tower runs once per distinct frame of
     the step, before any update. Collective."""
     chunked = [_batches(minibatch, config, spec) for minibatch in minibatches]
+    image_metrics = {}
     if images is not None:
+        hits, misses, start = images.hits, images.misses, time.perf_counter()
         images.attach(model, [batch for batches in chunked for batch in batches], ctx.device)
+        image_metrics = {
+            "train/image_frames_encoded": float(images.misses - misses),
+            "train/image_frames_cached": float(images.hits - hits),
+            "train/image_encode_s": time.perf_counter() - start,
+        }
     old = old_policy_logprobs(model, chunked, config, ctx.device)  # before the first update
     totals = torch.zeros(len(_SUMS), dtype=torch.float64)
     max_abs_diff = 0.0
@@ -263,6 +271,7 @@ def train_step(
         "train/optimizer_steps": float(len(passes)),
         "train/skipped": float(num_skipped > 0),
         "train/skipped_steps": float(num_skipped),
+        **image_metrics,
     }
     if config.kl_coef > 0:
         metrics["train/kl"] = statistics.fmean(kls)

@@ -26,15 +26,20 @@ def lora_model(tiny_model_dir: Path) -> Any:
 
 
 @pytest.fixture
-def make_batches(tiny_model_dir: Path, trajectories: list[Trajectory], lora_model: Any) -> Callable[[], list[PolicyBatch]]:
+def make_batches(
+    tiny_model_dir: Path, trajectories: list[Trajectory], lora_model: Any
+) -> Callable[[], list[PolicyBatch]]:
     """Fresh micro-batches of 2 of the 6 trajectories (2 mazes x 3 episodes x 3 turns: 6 distinct
     frames among 18 images)."""
     spec = ModelSpec.from_config(lora_model.config)
     items = prepare_batch(trajectories, spec, FrameProcessor(load_processor(tiny_model_dir).image_processor))
-    return lambda: [collate(chunk, spec.pad_token_id, spec.image_token_id) for chunk in micro_batches(items, 2)]
+    chunks = micro_batches(items, 2)
+    return lambda: [collate(chunk, spec.pad_token_id, spec.image_token_id) for chunk in chunks]
 
 
-def _logprobs_and_grads(model: Any, batches: list[PolicyBatch]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+def _logprobs_and_grads(
+    model: Any, batches: list[PolicyBatch]
+) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     model.zero_grad()
     logprobs = []
     for batch in batches:
@@ -124,6 +129,10 @@ def test_the_learner_trains_the_same_with_and_without_the_cache(
     (off, metrics_off, weights_off), (on, metrics_on, weights_on) = results
     assert off.engine.run.images is None
     assert (on.engine.run.images.misses, on.engine.run.images.hits) == (6, 6)
+    assert [(m["train/image_frames_encoded"], m["train/image_frames_cached"]) for m in metrics_on] == [
+        (6.0, 0.0), (0.0, 6.0)
+    ]
+    assert "train/image_frames_encoded" not in metrics_off[0]
     for step_off, step_on in zip(metrics_off, metrics_on, strict=True):
         for key in ("train/loss", "train/grad_norm", "train/entropy"):
             assert step_on[key] == pytest.approx(step_off[key], rel=1e-5, abs=1e-7), key
