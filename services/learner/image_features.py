@@ -19,7 +19,6 @@ collective, which every rank would have to call together, while each rank sees o
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,8 +28,6 @@ import torch
 
 from services.learner.batch import PolicyBatch
 from services.learner.policy import VISION_MARKERS
-
-log = logging.getLogger("mmrl.learner")
 
 # A tower call on many images at once stays within this many patches (bounded activation memory).
 _MAX_PATCHES_PER_CALL = 32768
@@ -127,14 +124,18 @@ class ImageFeatureCache:
         return encoded
 
     def _store(self, key: bytes, features: tuple[torch.Tensor, ...]) -> None:
-        size = sum(t.numel() * t.element_size() for t in features)
+        size = _nbytes(features)
         if size > self.max_bytes:
             return
         self._entries[key] = features
         self.num_bytes += size
         while self.num_bytes > self.max_bytes:
             _, old = self._entries.popitem(last=False)
-            self.num_bytes -= sum(t.numel() * t.element_size() for t in old)
+            self.num_bytes -= _nbytes(old)
+
+
+def _nbytes(features: tuple[torch.Tensor, ...]) -> int:
+    return sum(t.numel() * t.element_size() for t in features)
 
 
 def _image(batch: PolicyBatch, index: int) -> tuple[torch.Tensor, torch.Tensor]:
