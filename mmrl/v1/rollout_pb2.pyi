@@ -60,14 +60,16 @@ class Completion(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class GenerationResult(_message.Message):
-    __slots__ = ("completions", "prompt_token_ids", "adapter_version")
+    __slots__ = ("completions", "prompt_token_ids", "adapter_version", "num_cached_tokens")
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     completions: _containers.RepeatedCompositeFieldContainer[Completion]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     adapter_version: int
-    def __init__(self, completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., adapter_version: _Optional[int] = ...) -> None: ...
+    num_cached_tokens: int
+    def __init__(self, completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., adapter_version: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("results",)

@@ -49,10 +49,19 @@ class EpisodeResult:
     final_observation_key: str = ""
     # One flag per turn: the env could not read the action (its `info.invalid`, e.g. "downright").
     invalid_turns: list[bool] = field(default_factory=list)
+    # Prompt tokens the engine saw over all turns, and how many of them its prefix cache held.
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
 
     @property
     def solved(self) -> bool:
         return bool(self.info.get("solved", self.reward > 0))
+
+
+def prefix_cached_fraction(episodes: list[EpisodeResult]) -> float:
+    """The share of the episodes' prompt tokens whose KV cache the engine reused from an earlier turn."""
+    prompt = sum(e.prompt_tokens for e in episodes)
+    return sum(e.cached_prompt_tokens for e in episodes) / prompt if prompt else 0.0
 
 
 def invalid_fraction(episodes: list[EpisodeResult]) -> float:
@@ -174,6 +183,8 @@ async def play_episodes(
                 results[i].conversation.add_generation(
                     list(result.prompt_token_ids), list(completion.token_ids), list(completion.logprobs))
                 results[i].actions.append(completion.text)
+                results[i].prompt_tokens += len(result.prompt_token_ids)
+                results[i].cached_prompt_tokens += result.num_cached_tokens
                 actions.append(env_pb2.EpisodeAction(episode_id=results[i].episode_id, action=completion.text))
             started = time.perf_counter()
             stepped = await services.env.call("Step", services.env.stub.Step,

@@ -48,7 +48,14 @@ from services.coordinator.advantages import (
 )
 from services.coordinator.clients import ServiceError, Services
 from services.coordinator.config import EnvSettings, RunConfig
-from services.coordinator.episodes import EpisodeResult, Sampling, Timers, invalid_fraction, play_episodes
+from services.coordinator.episodes import (
+    EpisodeResult,
+    Sampling,
+    Timers,
+    invalid_fraction,
+    play_episodes,
+    prefix_cached_fraction,
+)
 from services.coordinator.evaluation import EvalPlan, episode_record, eval_turn_limit, run_eval
 from services.coordinator.store import RunState, RunStore, state_change
 
@@ -304,6 +311,7 @@ async def execute_run(ctx: RunContext) -> RunState:
                 "episodes/turns_mean": sum(len(e.actions) for e in flat) / len(flat),
                 "episodes/noop_fraction": noop_fraction(flat),
                 "episodes/invalid_fraction": invalid_fraction(flat),
+                "rollout/prefix_cached_fraction": prefix_cached_fraction(flat),
                 "groups/num": len(groups),
                 "groups/num_informative": sum(
                     is_informative(group_returns(g, cfg.grpo.discount)) for g in groups),

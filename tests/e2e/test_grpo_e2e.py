@@ -75,6 +75,8 @@ def test_a_short_grpo_run_publishes_loads_and_records_everything(stack: Stack, t
     # Step s samples with the version published after step s-1 (the base model for step 1).
     assert [m["adapter/sampled_with"] for m in metrics] == [0, *published[:-1]]
     assert all("train/logprob_abs_diff_vs_rollout" in m for m in metrics)
+    # Each turn's prompt extends the last: the engine's prefix cache serves part of it.
+    assert all(0 < m["rollout/prefix_cached_fraction"] < 1 for m in metrics)
 
     versions = storage.list_adapter_versions(stack.config.shared_root, run_id)
     assert [v for v, _ in versions] == list(range(1, published[-1] + 1))

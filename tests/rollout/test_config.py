@@ -26,6 +26,8 @@ def test_platform_dependent_defaults_resolve_for_cpu_and_gpu() -> None:
     assert config.resolved_dtype(on_cpu=False) == "bfloat16"
     assert RolloutConfig(model="m", dtype="float16").resolved_dtype(on_cpu=True) == "float16"
     assert config.batched_tokens == 8192 and not config.chunked_prefill
+    assert (config.resolved_block_size(on_cpu=True), config.resolved_block_size(on_cpu=False)) == (32, None)
+    assert RolloutConfig(model="m", block_size=64).resolved_block_size(on_cpu=True) == 64
 
 
 def test_a_config_file_is_read_and_command_line_values_override_it(tmp_path: Path) -> None:

