@@ -33,7 +33,7 @@ class StubLLM:
         logprobs = [{7: SimpleNamespace(logprob=-0.5)}, {8: SimpleNamespace(logprob=-0.25)}]
         completion = SimpleNamespace(index=0, token_ids=[7, 8], logprobs=logprobs, text="up",
                                      finish_reason=self.finish_reason)
-        yield SimpleNamespace(finished=True, outputs=[completion], prompt_token_ids=[1, 2])
+        yield SimpleNamespace(finished=True, outputs=[completion], prompt_token_ids=[1, 2], num_cached_tokens=None)
 
     async def add_lora(self, request: Any) -> bool:
         if self.failure is not None:
