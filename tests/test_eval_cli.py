@@ -20,6 +20,12 @@ def test_a_negative_sample_count_is_refused(tmp_path: Path) -> None:
         eval_cli.main(["--model", str(tmp_path), "--samples", "-1"])
 
 
+def test_a_token_budget_below_one_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match="--max-tokens 0: must be 1 or more"):
+        eval_cli.main(["--model", str(tmp_path), "--max-tokens", "0"])
+
+
 @pytest.fixture
 def no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
     """Starting a service fails the test: these arguments must be refused before."""

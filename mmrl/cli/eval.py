@@ -112,6 +112,8 @@ def main(argv: list[str]) -> int:
     mazes_from.add_argument("--seeds", help="A-B: evaluate on this seed range instead of the fixed set")
     parser.add_argument("--samples", type=int, default=0, help="sampled episodes per maze besides greedy")
     parser.add_argument("--temperature", type=float, default=1.0, help="temperature of sampled episodes")
+    parser.add_argument("--max-tokens", type=int, default=4,
+                        help="token budget of one action (a run's evals use its sampling.max_tokens)")
     parser.add_argument("--env", help="env service host:port (default: start one)")
     parser.add_argument("--rollout", help="rollout service host:port (default: start one on --model)")
     parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/eval"))
@@ -125,6 +127,8 @@ def main(argv: list[str]) -> int:
         raise SystemExit("--adapter needs the rollout service started by mmrl eval (omit --rollout)")
     if args.adapter and not all((args.adapter / name).is_file() for name in storage.ADAPTER_FILES):
         raise SystemExit(f"--adapter {args.adapter}: no {' + '.join(storage.ADAPTER_FILES)} there")
+    if args.max_tokens < 1:
+        raise SystemExit(f"--max-tokens {args.max_tokens}: must be 1 or more")
     if args.held_out is not None and args.held_out < 1:
         raise SystemExit(f"--held-out {args.held_out}: must be 1 or more")
     seeds: Sequence[int] | None = None  # checked before anything starts
@@ -152,7 +156,7 @@ def main(argv: list[str]) -> int:
         summary, _ = asyncio.run(evaluate(
             args.env or stack.address("env"), args.rollout or stack.address("rollout"), args.model,
             size=args.size, seeds=seeds, adapter=adapter,
-            samples=args.samples, temperature=args.temperature))
+            samples=args.samples, temperature=args.temperature, max_tokens=args.max_tokens))
     finally:
         stack.stop()
     result = {

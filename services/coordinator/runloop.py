@@ -30,7 +30,14 @@ from typing import Any
 
 from mmrl.v1 import env_pb2, learner_pb2, rollout_pb2
 from services.common.conversation import ChatTokens, Tokenizer
-from services.common.maze import TRAIN_SEED_LIMIT, is_eval_layout, layout_key, num_cells_per_side
+from services.common.maze import (
+    DIRECTIONS,
+    STOP,
+    TRAIN_SEED_LIMIT,
+    is_eval_layout,
+    layout_key,
+    num_cells_per_side,
+)
 from services.common.trajectory import Trajectory
 from services.coordinator import hindsight
 from services.coordinator.advantages import (
@@ -94,6 +101,16 @@ def step_seeds(run_seed: int, step: int, round_index: int, count: int, size: int
         if not is_eval_layout(key) and key not in exclude_layouts and seed not in seeds:
             seeds.append(seed)
     return seeds
+
+
+def require_action_budget(tokenizer: Tokenizer, max_tokens: int) -> None:
+    """Refuses a token budget too small for an action word, which would cut every such move to an
+    invalid action: `sampling.max_tokens: 1` is right only where every action word is one token."""
+    for word in (*DIRECTIONS, STOP):
+        length = len(tokenizer.encode(word, add_special_tokens=False))
+        if length > max_tokens:
+            raise ConfigRefused(f"sampling.max_tokens {max_tokens} cannot hold the action {word!r}, "
+                                f"{length} tokens with this model's tokenizer")
 
 
 def spec_layouts(specs: Iterable[env_pb2.EpisodeSpec], default_size: int) -> frozenset[bytes]:
@@ -193,6 +210,7 @@ async def execute_run(ctx: RunContext) -> RunState:
 
     # 0. (The caller has checked that every service is up.) Config possible on them, learner bound
     #    to the run and rolled back.
+    require_action_budget(ctx.tokenizer, cfg.sampling.max_tokens)
     if cfg.colocated:
         info = await svc.rollouts[0].call("GetModelInfo", svc.rollouts[0].stub.GetModelInfo,
                                           rollout_pb2.GetModelInfoRequest())

@@ -6,7 +6,14 @@ import pytest
 from pydantic import ValidationError
 
 from services.coordinator.config import EnvSettings, RunConfig, load_run_config
-from services.coordinator.runloop import TRAIN_SEED_LIMIT, spec_layouts, step_seeds, training_options
+from services.coordinator.runloop import (
+    TRAIN_SEED_LIMIT,
+    ConfigRefused,
+    require_action_budget,
+    spec_layouts,
+    step_seeds,
+    training_options,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -15,6 +22,28 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_shipped_run_configs_validate(name: str) -> None:
     config = load_run_config(ROOT / "configs" / name)
     assert config.steps > 0 and config.grpo.group_size >= 2
+
+
+def test_the_tiny_configs_one_token_actions_fit_the_tiny_tokenizer_and_a_longer_word_is_refused(
+    tiny_model_dir: Path,
+) -> None:
+    from transformers import AutoTokenizer
+
+    config = load_run_config(ROOT / "configs" / "maze-tiny-cpu.yaml")
+    assert config.sampling.max_tokens == 1
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    require_action_budget(tokenizer, config.sampling.max_tokens)
+
+    class SplitsRight:  # a tokenizer in which "right" is two tokens
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            return [1, 2] if text == "right" else [1]
+
+        def convert_tokens_to_ids(self, token: str) -> int:
+            return 0
+
+    with pytest.raises(ConfigRefused, match="max_tokens 1 cannot hold the action 'right', 2 tokens"):
+        require_action_budget(SplitsRight(), 1)
+    require_action_budget(SplitsRight(), 2)
 
 
 def test_the_production_config_has_the_published_eval_setup() -> None:
