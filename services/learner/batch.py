@@ -96,10 +96,15 @@ class PolicyBatch:
 
     def model_inputs(self, device: torch.device | str) -> dict[str, Any]:
         """Keyword arguments of the HF model's forward (no labels, no cache): the images as pixels,
-        or as the vision tower's outputs where `image_features` holds them."""
+        or as the vision tower's outputs where `image_features` holds them.
+
+        No attention mask: rows are right-padded and attention is causal, so no real token attends
+        to a pad, and a pad's outputs are never scored. Without a mask, SDPA runs its causal
+        kernel, which skips the blocks above the diagonal; a padded row would otherwise make the
+        model build an explicit mask, and every block of it is computed (15% of a GRPO step's
+        learner time on the tiny model, with the same log-probs to the bit)."""
         inputs: dict[str, Any] = {
             "input_ids": self.input_ids.to(device),
-            "attention_mask": self.attention_mask.to(device),
             "mm_token_type_ids": self.mm_token_type_ids.to(device),
         }
         if self.pixel_values is not None:

@@ -22,6 +22,7 @@ from services.learner.batch import (
     prepare_batch,
 )
 from services.learner.distributed import plan_shards
+from services.learner.policy import load_base_model, token_logprobs
 from services.learner.synthetic import maze_frame
 
 
@@ -101,6 +102,31 @@ def test_bad_trajectories_are_rejected_with_a_message_naming_them(
 def test_an_empty_batch_is_rejected(spec: ModelSpec, frames: FrameProcessor) -> None:
     with pytest.raises(ValueError, match="no trajectories"):
         prepare_batch([], spec, frames)
+
+
+def test_a_right_padded_row_scores_as_it_does_alone_and_the_model_gets_no_attention_mask(
+    tokenizer: Any, tiny_model_dir: Path, spec: ModelSpec, frames: FrameProcessor
+) -> None:
+    from services.common.conversation import ChatTokens
+    from services.learner import synthetic
+
+    generate = synthetic.fake_generator(ChatTokens.from_tokenizer(tokenizer), tokenizer, tokens_per_image=25)
+    long, short = (synthetic.with_advantages(synthetic.play_episodes(generate, tokenizer, 1, 1, turns), [1.0])[0]
+                   for turns in (3, 1))
+    [long_item, short_item] = prepare_batch([long, short], spec, frames)
+    padded = collate([long_item, short_item], spec.pad_token_id, spec.image_token_id)
+    assert int((padded.attention_mask == 0).sum()) > 50  # the short row is mostly padding
+    assert "attention_mask" not in padded.model_inputs("cpu")  # SDPA's causal kernel, no explicit mask
+
+    model = load_base_model(tiny_model_dir)
+    with torch.no_grad():
+        together, _ = token_logprobs(model, padded, "cpu", with_entropy=False)
+        for row, item in enumerate([long_item, short_item]):
+            alone_batch = collate([item], spec.pad_token_id, spec.image_token_id)
+            alone, _ = token_logprobs(model, alone_batch, "cpu", with_entropy=False)
+            scored = padded.loss_mask[row].bool()
+            assert int(scored.sum()) == alone.shape[1]
+            assert torch.allclose(together[row][scored], alone[0], atol=1e-5), row
 
 
 def test_collate_right_pads_and_gathers_only_generated_positions(
