@@ -101,8 +101,9 @@ class PolicyBatch:
         No attention mask: rows are right-padded and attention is causal, so no real token attends
         to a pad, and a pad's outputs are never scored. Without a mask, SDPA runs its causal
         kernel, which skips the blocks above the diagonal; a padded row would otherwise make the
-        model build an explicit mask, and every block of it is computed (15% of a GRPO step's
-        learner time on the tiny model, with the same log-probs to the bit)."""
+        model build an explicit mask, and every block of it is computed (about 12% of the forward and
+        backward of a GRPO-shaped batch on the tiny model, with the same log-probs to the bit;
+        docs/learner.md)."""
         inputs: dict[str, Any] = {
             "input_ids": self.input_ids.to(device),
             "mm_token_type_ids": self.mm_token_type_ids.to(device),
