@@ -51,6 +51,7 @@ Action = Literal["up", "down", "left", "right", "stop"]
 # Move name -> (d_row, d_col), in the order used for tie-breaking and for listing neighbours.
 DIRECTIONS: dict[Direction, Cell] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 STOP: Final = "stop"
+ACTIONS: tuple[str, ...] = (*DIRECTIONS, STOP)  # every action word the env reads
 MIN_SIZE = 5  # 2x2 cells; smaller grids have at most one cell
 TRAIN_SEED_LIMIT = 1_000_000
 EVAL_SEED_MIN = 1_000_000

@@ -30,14 +30,7 @@ from typing import Any
 
 from mmrl.v1 import env_pb2, learner_pb2, rollout_pb2
 from services.common.conversation import ChatTokens, Tokenizer
-from services.common.maze import (
-    DIRECTIONS,
-    STOP,
-    TRAIN_SEED_LIMIT,
-    is_eval_layout,
-    layout_key,
-    num_cells_per_side,
-)
+from services.common.maze import ACTIONS, TRAIN_SEED_LIMIT, is_eval_layout, layout_key, num_cells_per_side
 from services.common.trajectory import Trajectory
 from services.coordinator import hindsight
 from services.coordinator.advantages import (
@@ -106,7 +99,7 @@ def step_seeds(run_seed: int, step: int, round_index: int, count: int, size: int
 def require_action_budget(tokenizer: Tokenizer, max_tokens: int) -> None:
     """Refuses a token budget too small for an action word, which would cut every such move to an
     invalid action: `sampling.max_tokens: 1` is right only where every action word is one token."""
-    for word in (*DIRECTIONS, STOP):
+    for word in ACTIONS:
         length = len(tokenizer.encode(word, add_special_tokens=False))
         if length > max_tokens:
             raise ConfigRefused(f"sampling.max_tokens {max_tokens} cannot hold the action {word!r}, "

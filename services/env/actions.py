@@ -16,9 +16,8 @@ from __future__ import annotations
 import re
 from typing import cast
 
-from services.common.maze import DIRECTIONS, STOP, Action
+from services.common.maze import ACTIONS, Action
 
-ACTIONS: tuple[str, ...] = (*DIRECTIONS, STOP)
 SYNONYMS: dict[str, Action] = {"north": "up", "south": "down", "west": "left", "east": "right"}
 
 _THINK = re.compile(r"<think>.*?</think>", re.IGNORECASE | re.DOTALL)
