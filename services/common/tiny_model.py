@@ -19,6 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
+from services.common.maze import ACTIONS
 from services.common.messages import summary
 
 SPECIAL_TOKENS = [
@@ -45,7 +46,6 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-_ACTIONS = ["up", "down", "left", "right", "stop"]
 _WORDS = (
     "You are a maze solving agent. The image shows a maze. Walls are dark, the floor is light, "
     "you are the red square and the goal is the green square. Reach the goal. Reply with one "
@@ -56,11 +56,11 @@ _WORDS = (
 
 
 def _training_corpus() -> list[str]:
-    lines = [_WORDS, *_ACTIONS]
-    lines += [f"{a}\n" for a in _ACTIONS]
+    lines = [_WORDS, *ACTIONS]
+    lines += [f"{a}\n" for a in ACTIONS]
     lines += [f"Moves left: {n}." for n in range(0, 101)]
     lines += [f"Invalid action '{a}'." for a in ("go north", "jump", "xyz", "UP!!")]
-    lines += [f"<answer>{a}</answer>" for a in _ACTIONS]
+    lines += [f"<answer>{a}</answer>" for a in ACTIONS]
     lines += [" ".join(str(i) for i in range(100))]
     return lines * 4
 
