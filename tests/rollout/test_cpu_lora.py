@@ -72,3 +72,57 @@ def test_installing_patches_the_cpu_punica_wrapper() -> None:
     assert cpu_lora.install()
     assert punica_cpu.sgmv_shrink is cpu_lora.sgmv_shrink
     assert punica_cpu.bgmv_expand_slice is cpu_lora.bgmv_expand_slice
+
+
+def _punica_wrapper(indices: list[int], prefill: bool) -> object:
+    """vLLM's CPU punica wrapper with the token-to-slot mapping of one batch."""
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    wrapper = PunicaWrapperCPU(64, 8, "cpu")
+    wrapper._token_lora_indices[: len(indices)].copy_(torch.tensor(indices))
+    wrapper.indices_len[0] = len(indices)
+    wrapper.is_prefill = prefill
+    if prefill:
+        wrapper._update_prefill_metadata(wrapper.token_lora_indices)
+    return wrapper
+
+
+SLICES = (16, 8, 8)  # a merged projection's output slices, like q, k and v
+
+
+def _merged_projection_weights() -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    a = tuple(_weights(10 + i, RANK, HIDDEN) for i in range(len(SLICES)))
+    b = tuple(_weights(20 + i, width, RANK) for i, width in enumerate(SLICES))
+    return a, b
+
+
+@pytest.mark.parametrize("prefill", [True, False])
+@pytest.mark.parametrize("indices", [[1] * 7, [0, 0, 2, 2, 2, 1, 0], [-1, -1, 2, 2, -1, 0, 0], [-1] * 7])
+def test_add_lora_linear_equals_vllms_method_for_one_adapter_and_for_mixed_batches(
+        indices: list[int], prefill: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch on one slot (or none) takes the one-matmul way, without calling vLLM's method; a batch
+    mixing slots goes to vLLM's method. Either way `y` ends as vLLM's method leaves it."""
+    assert cpu_lora.install() and cpu_lora._vllm_add_lora_linear is not None
+    wrapper = _punica_wrapper(indices, prefill)
+    x, (a, b) = torch.randn(7, HIDDEN), _merged_projection_weights()
+    y = torch.randn(7, sum(SLICES))
+    before, expected = y.clone(), y.clone()
+    cpu_lora._vllm_add_lora_linear(wrapper, expected, x, a, b, 0.5, SLICES)
+    if len(set(indices)) == 1:
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise AssertionError("a batch on one slot went to vLLM's add_lora_linear")
+
+        monkeypatch.setattr(cpu_lora, "_vllm_add_lora_linear", refuse)
+    cpu_lora.add_lora_linear(wrapper, y, x, a, b, 0.5, SLICES)
+    torch.testing.assert_close(y, expected)
+    adapted = torch.tensor(indices) >= 0  # rows with an adapter changed; the others did not
+    assert not torch.isclose(y, before)[adapted].any()
+    assert torch.equal(y[~adapted], before[~adapted])
+
+
+def test_installing_replaces_add_lora_linear_once() -> None:
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    assert cpu_lora.install() and cpu_lora.install()
+    assert PunicaWrapperCPU.add_lora_linear is cpu_lora.add_lora_linear
+    assert cpu_lora._vllm_add_lora_linear is not cpu_lora.add_lora_linear
