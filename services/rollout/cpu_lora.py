@@ -34,6 +34,11 @@ import torch
 log = logging.getLogger("mmrl.rollout.cpu_lora")
 
 
+def _slot_weights(stacked: torch.Tensor, slot: int) -> torch.Tensor:
+    """One slot's matrix of vLLM's stacked LoRA weights, (slots, 1, rows, cols) or (slots, rows, cols)."""
+    return stacked[slot, 0] if stacked.dim() == 4 else stacked[slot]
+
+
 def _slot_matmul(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`inputs[t] @ weights[indices[t]].T` for tokens with an adapter.
@@ -41,20 +46,18 @@ def _slot_matmul(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Ten
     Returns `(out, rows)`: `rows is None` means every token has the same adapter and `out` has one
     row per token; otherwise `out` holds only the rows listed in `rows` (tokens with slot >= 0).
     """
-    if weights.dim() == 4:
-        weights = weights.squeeze(1)
     inputs = inputs.to(dtype)
     num_tokens = inputs.shape[0]
     indices = indices[:num_tokens]
     slot = one_slot(indices)
     if slot is not None and slot >= 0:
-        return inputs @ weights[slot].to(dtype).t(), None
+        return inputs @ _slot_weights(weights, slot).to(dtype).t(), None
     rows = torch.nonzero(indices >= 0).squeeze(1)
-    out = torch.empty((rows.numel(), weights.shape[1]), dtype=dtype, device=inputs.device)
+    out = torch.empty((rows.numel(), weights.shape[-2]), dtype=dtype, device=inputs.device)
     selected = indices[rows]
     for slot in torch.unique(selected).tolist():
         local = torch.nonzero(selected == slot).squeeze(1)
-        out[local] = inputs[rows[local]] @ weights[slot].to(dtype).t()
+        out[local] = inputs[rows[local]] @ _slot_weights(weights, slot).to(dtype).t()
     return out, rows
 
 
@@ -168,11 +171,6 @@ def add_lora_linear(self: Any, y: torch.Tensor, x: torch.Tensor, lora_a_stacked:
                                               _slot_weights(b, slot)[:width].to(y.dtype).t())
         offset += width
         column += rank
-
-
-def _slot_weights(stacked: torch.Tensor, slot: int) -> torch.Tensor:
-    """One slot's matrix of vLLM's stacked LoRA weights, (slots, 1, rows, cols) or (slots, rows, cols)."""
-    return stacked[slot, 0] if stacked.dim() == 4 else stacked[slot]
 
 
 _PATCHED = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand",
