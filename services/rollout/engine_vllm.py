@@ -8,7 +8,7 @@ calls. A request refused at that stage (by the processor, the length check or vL
 aborts every request of the call, including those already running, and the call raises
 InvalidArgument for the first refused request. A request the engine itself ends without an answer
 (finish reason `abort` or `error`) fails the call too; no truncated completion is returned as OK.
-A dead engine core is UNAVAILABLE for every method.
+A dead engine core is UNAVAILABLE for every method, also one that dies while a call is under way.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Awaitable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from PIL import Image
 
@@ -28,6 +28,9 @@ from services.rollout.engine import AdapterRef, Completion, EngineRequest, Engin
 from services.rollout.errors import FailedPrecondition, InvalidArgument, RolloutError, Unavailable
 
 log = logging.getLogger("mmrl.rollout.engine")
+
+T = TypeVar("T")
+_DEAD_POLL_S = 0.25  # how often a call to the engine core reads whether the engine has died
 
 # vLLM worker extensions by (one-pass M-RoPE positions, grouped CPU LoRA ops): importing the class in
 # the worker process installs those patches.
@@ -207,32 +210,47 @@ class VllmEngine:
 
     async def add_adapter(self, adapter: AdapterRef) -> None:
         with _dead_engine_is_unavailable(f"loading adapter {adapter.name}"):
-            added = await self._llm.add_lora(_lora_request(adapter))
+            added = await self._unless_dead(self._llm.add_lora(_lora_request(adapter)))
         if not added:
             raise FailedPrecondition(f"vLLM refused adapter {adapter.name}")
 
     async def remove_adapter(self, adapter: AdapterRef) -> None:
         with _dead_engine_is_unavailable(f"removing adapter {adapter.name}"):
-            await self._llm.remove_lora(adapter.lora_int_id)
+            await self._unless_dead(self._llm.remove_lora(adapter.lora_int_id))
 
     async def loaded_adapter_ids(self) -> set[int]:
-        return set(await self._llm.list_loras())
+        return set(await self._unless_dead(self._llm.list_loras()))
 
     async def check_health(self) -> None:
         await self._llm.check_health()  # the engine-dead flag
-        await self._llm.is_sleeping()  # a round trip to the engine core process
+        await self._unless_dead(self._llm.is_sleeping())  # a round trip to the engine core process
 
     async def sleep(self, level: int) -> None:
         if not self._info.sleep_supported:
             raise FailedPrecondition(_NO_SLEEP)
         with _dead_engine_is_unavailable("Sleep"):
-            await self._llm.sleep(level)
+            await self._unless_dead(self._llm.sleep(level))
 
     async def wake_up(self) -> None:
         if not self._info.sleep_supported:
             raise FailedPrecondition(_NO_SLEEP)
         with _dead_engine_is_unavailable("WakeUp"):
-            await self._llm.wake_up()
+            await self._unless_dead(self._llm.wake_up())
+
+    async def _unless_dead(self, call: Awaitable[T]) -> T:
+        """Awaits `call`, a round trip to the engine core, or raises EngineDeadError once the engine is
+        dead: vLLM leaves a call that was under way when the engine core died pending for ever, so
+        the engine-dead flag is read beside it every `_DEAD_POLL_S`."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        task = asyncio.ensure_future(call)
+        try:
+            while not (await asyncio.wait({task}, timeout=_DEAD_POLL_S))[0]:
+                if self._llm.errored:
+                    raise EngineDeadError()
+            return task.result()
+        finally:
+            task.cancel()  # a no-op once it is done
 
     async def shutdown(self) -> None:
         llm, self._llm = self._llm, None

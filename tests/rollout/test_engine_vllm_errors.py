@@ -4,7 +4,9 @@ a stub that raises vLLM's own exceptions and returns its output shapes."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
@@ -80,3 +82,53 @@ async def test_a_dead_engine_core_is_unavailable_and_other_failures_name_the_ope
         await _engine(StubLLM(failure=EngineDeadError())).sleep(1)
     with pytest.raises(FailedPrecondition, match="vLLM failed at loading adapter run-v1: bad weights"):
         await _engine(StubLLM(failure=RuntimeError("bad weights"))).add_adapter(adapter)
+
+
+class DyingLLM(StubLLM):
+    """An engine core that dies while calls to it are under way: vLLM never answers such a call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errored = False
+
+    async def _never(self, *args: Any) -> Any:
+        await asyncio.Event().wait()
+
+    add_lora = is_sleeping = list_loras = _never  # type: ignore[assignment]
+
+    async def check_health(self) -> None:  # vLLM's: reads the engine-dead flag, no round trip
+        if self.errored:
+            raise RuntimeError("dead")
+
+    async def die_after(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        self.errored = True
+
+
+async def test_a_call_under_way_when_the_engine_core_dies_ends_instead_of_waiting_for_ever() -> None:
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    llm = DyingLLM()
+    engine = _engine(llm)
+    adapter = AdapterRef(name="run-v1", lora_int_id=1, path="/tmp/a", version=1)
+    dying = asyncio.ensure_future(llm.die_after(0.3))
+    started = time.monotonic()
+    with pytest.raises(EngineDeadError):
+        await asyncio.wait_for(engine.check_health(), 10)  # the service's health probe: NOT_SERVING
+    with pytest.raises(Unavailable, match=r"has died \(loading adapter run-v1\)"):
+        await asyncio.wait_for(engine.add_adapter(adapter), 10)
+    assert time.monotonic() - started < 5
+    await dying
+
+
+async def test_a_call_the_engine_answers_returns_its_answer() -> None:
+    llm = StubLLM()
+    llm.list_loras = _answer_after({1, 2}, 0.6)  # type: ignore[attr-defined]
+    assert await _engine(llm).loaded_adapter_ids() == {1, 2}
+
+
+def _answer_after(answer: Any, seconds: float) -> Any:
+    async def call(*args: Any) -> Any:
+        await asyncio.sleep(seconds)
+        return answer
+    return call
