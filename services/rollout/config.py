@@ -59,6 +59,9 @@ class RolloutConfig(BaseModel):
     vLLM's default on GPU. The CPU backend wants a multiple of 32."""
     limit_images_per_prompt: int = Field(default=32, ge=0)
     """Most images one prompt may carry (one per turn of an episode)."""
+    image_cache_mb: int = Field(default=256, ge=0)
+    """Decoded images kept by their bytes' digest, in MiB of pixels (services/rollout/frames.py): each
+    turn resends an episode's earlier frames. 0: decode every image of every request."""
     enable_lora: bool = True
     """Serve LoRA adapters; off: only the base model (LoadAdapter then answers FAILED_PRECONDITION)."""
     max_lora_rank: LoraRank = 16

@@ -47,6 +47,9 @@ class EngineRequest:
     sampling: Sampling
     images: list[Image.Image] = field(default_factory=list)
     adapter: AdapterRef | None = None
+    image_ids: list[str] = field(default_factory=list)
+    """Content digests of `images`, in order (services/rollout/frames.py); empty: not known. An engine
+    may take them for the images' identity (vLLM: `multi_modal_uuids`) instead of hashing pixels."""
 
 
 @dataclass(frozen=True)

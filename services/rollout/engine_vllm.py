@@ -205,6 +205,8 @@ class VllmEngine:
         prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt_token_ids)}
         if request.images:
             prompt["multi_modal_data"] = {"image": list(request.images)}
+            if request.image_ids:  # the images' identity for vLLM's caches: no hashing of their pixels
+                prompt["multi_modal_uuids"] = {"image": list(request.image_ids)}
         (rendered,) = await self._llm.renderer.render_cmpl_async([prompt])
         return dict(rendered)
 

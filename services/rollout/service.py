@@ -34,6 +34,7 @@ from services.rollout.errors import (
     RolloutError,
     Unavailable,
 )
+from services.rollout.frames import FrameCache
 from services.rollout.validation import parse_requests
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name  # "mmrl.v1.RolloutService"
@@ -75,6 +76,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self._sleep_lock = asyncio.Lock()  # Sleep and WakeUp, one at a time
         self._generating = 0  # Generate calls in the engine
         self._generate_done = asyncio.Condition()
+        self._frames = FrameCache(config.image_cache_mb * 2**20)  # an episode's frames come every turn
 
     def attach(self, engine: Engine, adapters: AdapterRegistry) -> None:
         self._ready = Ready(engine, adapters)
@@ -95,7 +97,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             raise FailedPrecondition("the engine is asleep (Sleep was called); call WakeUp first")
         start = time.perf_counter()
         parsed, keys = parse_requests(request.requests, ready.engine.info, self.config.max_requests_per_call,
-                                      self.config.limit_images_per_prompt)
+                                      self.config.limit_images_per_prompt, self._frames)
         refs = ready.adapters.acquire(keys)
         self._generating += 1
         try:

@@ -7,16 +7,14 @@ The engine checks the prompt length again after image expansion.
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from PIL import Image
-
 from mmrl.v1 import common_pb2, rollout_pb2
 from services.rollout.engine import EngineRequest, ModelInfo, Sampling
 from services.rollout.errors import InvalidArgument
+from services.rollout.frames import Frame, FrameCache
 
 MAX_SAMPLES_PER_REQUEST = 256
 MAX_TEMPERATURE = 2.0  # vLLM's bound
@@ -29,9 +27,11 @@ class AdapterKey:
 
 
 def parse_requests(
-    requests: Sequence[rollout_pb2.GenerationRequest], info: ModelInfo, max_requests: int, max_images: int
+    requests: Sequence[rollout_pb2.GenerationRequest], info: ModelInfo, max_requests: int, max_images: int,
+    frames: FrameCache,
 ) -> tuple[list[EngineRequest], list[AdapterKey | None]]:
-    """Engine requests (adapter not yet resolved) and the adapter each one asks for (None: base)."""
+    """Engine requests (adapter not yet resolved) and the adapter each one asks for (None: base);
+    images are decoded through `frames`."""
     if not requests:
         raise InvalidArgument("requests is empty")
     if len(requests) > max_requests:
@@ -42,8 +42,9 @@ def parse_requests(
         sampling = parse_sampling(request.sampling, info, where)
         prompt = list(request.prompt_token_ids)
         _check_prompt(prompt, sampling, info, where)
-        images = _decode_images(request.images, prompt, info, max_images, where)
-        parsed.append(EngineRequest(prompt, sampling, images))
+        decoded = _decode_images(request.images, prompt, info, max_images, frames, where)
+        parsed.append(EngineRequest(prompt, sampling, [frame.image for frame in decoded],
+                                    image_ids=[frame.digest for frame in decoded]))
         keys.append(_adapter_key(request, where))
     return parsed, keys
 
@@ -97,7 +98,7 @@ def _check_prompt(prompt: list[int], sampling: Sampling, info: ModelInfo, where:
 
 
 def _decode_images(images: Sequence[common_pb2.Image], prompt: list[int], info: ModelInfo, max_images: int,
-                   where: str) -> list[Image.Image]:
+                   frames: FrameCache, where: str) -> list[Frame]:
     if len(images) > max_images:
         raise InvalidArgument(f"{where}: {len(images)} images; at most {max_images} per prompt")
     if info.image_token_id is not None:
@@ -111,8 +112,7 @@ def _decode_images(images: Sequence[common_pb2.Image], prompt: list[int], info: 
     for position, image in enumerate(images):
         data = image.data
         try:
-            with Image.open(io.BytesIO(data)) as opened:
-                decoded.append(opened.convert("RGB"))
+            decoded.append(frames.decode(data))
         except Exception as exc:  # PIL raises many types for corrupt or unknown data
             mime = image.mime_type or "no mime_type"
             raise InvalidArgument(

@@ -7,6 +7,7 @@ import pytest
 from mmrl.v1 import common_pb2, rollout_pb2
 from services.rollout.engine import ModelInfo
 from services.rollout.errors import InvalidArgument
+from services.rollout.frames import FrameCache
 from services.rollout.tiny_adapter import frame_png
 from services.rollout.validation import AdapterKey, parse_requests
 
@@ -25,13 +26,14 @@ def _request(prompt: list[int] | None = None, images: int = 1, **sampling: objec
 
 
 def _parse(*requests: rollout_pb2.GenerationRequest):  # type: ignore[no-untyped-def]
-    return parse_requests(list(requests), INFO, max_requests=8, max_images=2)
+    return parse_requests(list(requests), INFO, max_requests=8, max_images=2, frames=FrameCache(2**20))
 
 
 def test_a_valid_request_is_parsed_with_zero_meaning_default() -> None:
     (parsed,), (key,) = _parse(_request(temperature=0.0))
     assert parsed.prompt_token_ids == [1, 2, 7, 3]
     assert parsed.images[0].size == (80, 80) and parsed.images[0].mode == "RGB"
+    assert parsed.image_ids == [FrameCache(0).decode(PNG).digest]
     s = parsed.sampling
     assert (s.temperature, s.top_p, s.top_k, s.n, s.seed, s.max_tokens) == (0.0, 1.0, 0, 1, None, 4)
     assert key is None

@@ -156,6 +156,23 @@ async def test_a_turn_that_extends_the_last_one_reuses_its_prompt_but_the_last_p
     assert len(first.prompt_token_ids) - block <= second.num_cached_tokens < len(first.prompt_token_ids)
 
 
+async def test_a_resent_frame_is_not_decoded_again_and_a_new_frame_is_never_taken_for_a_cached_one(
+        rollout: Rollout) -> None:
+    frames = rollout.server.servicer._frames
+    (first,) = await _generate(rollout, _request(rollout, (60, 61), temperature=0.0))
+    misses = frames.misses
+    # The next turn resends both frames and adds one; a third prompt differs from it in its last frame
+    # only: vLLM names each image by its bytes' digest, so its cache must not serve frame 62 for 63.
+    extended, other = await _generate(rollout, _request(rollout, (60, 61, 62), temperature=0.0),
+                                      _request(rollout, (60, 61, 63), temperature=0.0))
+    assert frames.misses == misses + 2  # frames 62 and 63
+    assert extended.num_cached_tokens > 0
+    with rollout.peft_model.disable_adapter():
+        for result, seeds in ((first, (60, 61)), (extended, (60, 61, 62)), (other, (60, 61, 63))):
+            expected = _hf_logprobs(rollout, rollout.peft_model, result, seeds)
+            assert list(result.completions[0].logprobs) == pytest.approx(expected, abs=1e-5)
+
+
 async def test_image_placeholder_tokens_are_never_sampled(rollout: Rollout) -> None:
     # The random tiny model gives each of its 512 tokens about equal mass: without the ban, 2,048
     # sampled tokens would contain one of the 4 placeholder tokens with probability above 0.999.
