@@ -96,6 +96,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         if self._asleep or self._sleep_pending:
             raise FailedPrecondition("the engine is asleep (Sleep was called); call WakeUp first")
         start = time.perf_counter()
+        decoded_before = self._frames.misses
         parsed, keys = parse_requests(request.requests, ready.engine.info, self.config.max_requests_per_call,
                                       self.config.limit_images_per_prompt, self._frames)
         refs = ready.adapters.acquire(keys)
@@ -116,7 +117,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         num_generated = sum(len(c.token_ids) for r in results for c in r.completions)
         log.info("generated", extra={"rollout/generate/latency_ms": round((time.perf_counter() - start) * 1000, 1),
                                      "rollout/generate/num_requests": len(results),
-                                     "rollout/generate/num_generated_tokens": num_generated})
+                                     "rollout/generate/num_generated_tokens": num_generated,
+                                     "rollout/generate/num_images": sum(len(r.images) for r in parsed),
+                                     "rollout/generate/images_decoded": self._frames.misses - decoded_before})
         return response
 
     @_status_on_error

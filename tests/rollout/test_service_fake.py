@@ -4,6 +4,7 @@ health before/after the engine and when it dies, reflection, adapter version rep
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from mmrl.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from services.common.grpc_server import channel
 from services.rollout.config import RolloutConfig
 from services.rollout.engine import Engine
+from services.rollout.frames import FrameCache
 from services.rollout.service import SERVICE_NAME, RolloutServer
 from services.rollout.tiny_adapter import frame_png
 from tests.rollout.fake_engine import IMAGE_TOKEN, FakeEngine
@@ -108,6 +110,20 @@ async def test_generate_returns_results_in_request_order_with_the_adapter_versio
     assert list(reply.results[0].completions[0].logprobs) == [-1.0] * 3
     (listed,) = (await service.stub.ListAdapters(rollout_pb2.ListAdaptersRequest())).adapters
     assert (listed.run_id, listed.version, listed.manifest_sha256) == ("run", 7, loaded.manifest_sha256)
+
+
+async def test_a_frame_sent_again_is_not_decoded_again_and_reaches_the_engine_with_its_digest(
+        service: Service, caplog: pytest.LogCaptureFixture) -> None:
+    await _attach(service)
+    caplog.set_level(logging.INFO, logger="mmrl.rollout")
+    for _ in range(2):
+        await service.stub.Generate(rollout_pb2.GenerateRequest(requests=[_request(), _request()]))
+    logged = [(r.__dict__["rollout/generate/num_images"], r.__dict__["rollout/generate/images_decoded"])
+              for r in caplog.records if r.getMessage() == "generated"]
+    assert logged == [(2, 1), (2, 0)]
+    first, second = (call[0] for call in service.engine.calls)
+    assert first.image_ids == second.image_ids == [FrameCache(0).decode(frame_png(1)).digest]
+    assert first.images[0] is second.images[0]
 
 
 async def test_refusals_carry_their_status_code_and_leave_the_service_serving(service: Service) -> None:
