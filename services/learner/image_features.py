@@ -19,13 +19,13 @@ collective, which every rank would have to call together, while each rank sees o
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from services.common.lru import SizedLRU
 from services.learner.batch import PolicyBatch
 from services.learner.policy import VISION_MARKERS
 
@@ -56,13 +56,16 @@ class ImageFeatureCache:
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, got {max_bytes}")
         self.max_bytes = max_bytes
-        self.num_bytes = 0
         self.hits = 0
         self.misses = 0
-        self._entries: OrderedDict[bytes, tuple[torch.Tensor, ...]] = OrderedDict()
+        self._entries: SizedLRU[bytes, tuple[torch.Tensor, ...]] = SizedLRU(max_bytes, _nbytes)
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def num_bytes(self) -> int:
+        return self._entries.num_bytes
 
     def attach(self, model: Any, batches: Sequence[PolicyBatch], device: torch.device | str) -> None:
         """Sets `image_features` on every batch whose images all carry a digest; the tower runs
@@ -80,7 +83,6 @@ class ImageFeatureCache:
                 if hit is None:
                     missing[key] = (batch, index)
                 else:
-                    self._entries.move_to_end(key)
                     step[key] = hit
         self.hits += len(step)
         self.misses += len(missing)
@@ -120,18 +122,8 @@ class ImageFeatureCache:
         for i, (key, _, _) in enumerate(chunk):
             features = tuple(layer[i].detach().clone() for layer in per_layer)  # not views: exact bytes
             encoded[key] = features
-            self._store(key, features)
+            self._entries.put(key, features)
         return encoded
-
-    def _store(self, key: bytes, features: tuple[torch.Tensor, ...]) -> None:
-        size = _nbytes(features)
-        if size > self.max_bytes:
-            return
-        self._entries[key] = features
-        self.num_bytes += size
-        while self.num_bytes > self.max_bytes:
-            _, old = self._entries.popitem(last=False)
-            self.num_bytes -= _nbytes(old)
 
 
 def _nbytes(features: tuple[torch.Tensor, ...]) -> int:

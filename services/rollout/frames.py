@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from PIL import Image
+
+from services.common.lru import SizedLRU
 
 
 @dataclass(frozen=True)
@@ -34,16 +35,16 @@ class FrameCache:
     """Decoded RGB images keyed by their encoded bytes' digest, at most `max_bytes` of pixels."""
 
     def __init__(self, max_bytes: int) -> None:
-        if max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        self.max_bytes = max_bytes
-        self.bytes = 0
+        self._images: SizedLRU[str, Image.Image] = SizedLRU(max_bytes, _pixel_bytes)
         self.hits = 0
         self.misses = 0
-        self._images: OrderedDict[str, Image.Image] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._images)
+
+    @property
+    def num_bytes(self) -> int:
+        return self._images.num_bytes
 
     def decode(self, data: bytes) -> Frame:
         """The image `data` encodes; raises what PIL raises for data it cannot decode (not cached)."""
@@ -51,23 +52,12 @@ class FrameCache:
         image = self._images.get(digest)
         if image is not None:
             self.hits += 1
-            self._images.move_to_end(digest)
             return Frame(digest, image)
         self.misses += 1
         with Image.open(io.BytesIO(data)) as opened:
             image = opened.convert("RGB")
-        self._keep(digest, image)
+        self._images.put(digest, image)
         return Frame(digest, image)
-
-    def _keep(self, digest: str, image: Image.Image) -> None:
-        size = _pixel_bytes(image)
-        if size > self.max_bytes:
-            return
-        while self.bytes + size > self.max_bytes:
-            _, oldest = self._images.popitem(last=False)
-            self.bytes -= _pixel_bytes(oldest)
-        self._images[digest] = image
-        self.bytes += size
 
 
 def _pixel_bytes(image: Image.Image) -> int:

@@ -21,7 +21,7 @@ def test_equal_bytes_decode_once_to_the_image_a_plain_decode_gives() -> None:
     cache = FrameCache(2**20)
     first, again = cache.decode(frame_png(0)), cache.decode(frame_png(0))
     assert again.image is first.image and again.digest == first.digest
-    assert (cache.hits, cache.misses, len(cache), cache.bytes) == (1, 1, 1, PIXEL_BYTES)
+    assert (cache.hits, cache.misses, len(cache), cache.num_bytes) == (1, 1, 1, PIXEL_BYTES)
     with Image.open(io.BytesIO(frame_png(0))) as plain:
         assert _pixels(first.image) == _pixels(plain.convert("RGB")) and first.image.mode == "RGB"
 
@@ -40,7 +40,7 @@ def test_the_least_recently_used_image_leaves_when_the_budget_is_full() -> None:
     cache.decode(frame_png(1))
     cache.decode(frame_png(0))  # 0 is now the most recently used
     cache.decode(frame_png(2))  # evicts 1
-    assert (len(cache), cache.bytes) == (2, 2 * PIXEL_BYTES)
+    assert (len(cache), cache.num_bytes) == (2, 2 * PIXEL_BYTES)
     misses = cache.misses
     cache.decode(frame_png(0))
     assert cache.misses == misses
@@ -52,7 +52,7 @@ def test_a_budget_of_zero_keeps_nothing_and_bad_bytes_are_not_kept() -> None:
     cache = FrameCache(0)
     cache.decode(frame_png(0))
     cache.decode(frame_png(0))
-    assert (cache.hits, cache.misses, len(cache), cache.bytes) == (0, 2, 0, 0)
+    assert (cache.hits, cache.misses, len(cache), cache.num_bytes) == (0, 2, 0, 0)
     cache = FrameCache(2**20)
     with pytest.raises(Exception, match="cannot identify image"):
         cache.decode(b"\x89PNG not really")
