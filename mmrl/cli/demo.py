@@ -27,8 +27,12 @@ def sft_checkpoint(args: argparse.Namespace, base_model: Path) -> tuple[Path, fl
         if report.get("fingerprint") == config.fingerprint() and "eval" in report:
             print(f"reusing the SFT checkpoint {out} (same config; trained in {report['sft_wall_s']:.0f} s)")
             return out, float(report["sft_wall_s"]), report
-    budget = (f"up to {config.updates} updates, stopped by the first check above {config.stop_above}"
-              if config.stop_above is not None else f"{config.updates} updates")
+    if config.stop_above is None:
+        budget = f"{config.updates} updates"
+    elif config.keep == "before_first_above":
+        budget = f"up to {config.updates} updates, stopped by the first check above {config.stop_above}"
+    else:
+        budget = f"{config.updates} updates, keeping the last check at or below {config.stop_above}"
     print(f"SFT warm start ({budget}) -> {out}", flush=True)
     report = run_sft(config, args.state_dir / "sft")
     return out, float(report["sft_wall_s"]), report

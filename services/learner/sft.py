@@ -27,9 +27,16 @@ floating-point sums differ between CPUs, the runs drift apart, and near the stee
 learning curve the same budget gave 0.48 on one machine's fixed eval set and 0.62 on another's. With
 `stop_above`, every `check_every` updates from `check_from` on the caller's `check` measures the
 greedy solve rate of a saved checkpoint on `check_mazes` validation mazes (training seeds whose
-layouts the SFT does not play and no eval set holds; `check_seeds`). The first check above
-`stop_above` ends the SFT, and the last checkpoint at or below it is the one saved; `updates` is then
-the most the SFT may run.
+layouts the SFT does not play and no eval set holds; `check_seeds`). Which checkpoint is saved is
+`keep`:
+- `before_first_above`: the first check above `stop_above` ends the SFT, and the last checkpoint at
+  or below it is the one saved; `updates` is then the most the SFT may run.
+- `last_at_or_below`: the SFT runs all `updates` (the last one is a check) and saves the checkpoint
+  of the last check at or below `stop_above`: the most imitation that still leaves a start of the
+  chosen strength. The solve rate does not rise steadily past the steep part of the curve (checks
+  went 0.44 0.66 0.44 0.50 0.61 0.53 0.65 0.80 over 500..1,200 updates on one machine), and GRPO
+  lifted a later checkpoint of the same strength much further (docs/experiments.md).
+In both, when no check is at or below `stop_above`, the first check's checkpoint is saved.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import torch
@@ -76,7 +83,7 @@ ACTIONS = ("up", "down", "left", "right")
 # the layouts reserved for eval sets (1 took seeds first_seed.. whatever their layouts).
 SFT_DATA_VERSION = 2
 _ADDED_LATER = ("detour_moves", "reading_updates", "reading_batch_size", "stop_above", "check_from", "check_every",
-                "check_mazes", "check_first_seed")
+                "check_mazes", "check_first_seed", "keep")
 READING_QUESTION = "Which moves are open from your cell?"
 
 
@@ -113,8 +120,12 @@ class SftConfig(BaseModel):
     )
     stop_above: float | None = Field(
         None, ge=0.0, lt=1.0,
-        description="Stop at the first check whose validation greedy solve rate is above this and keep the last "
-                    "checkpoint at or below it (None: no checks; train `updates`).")
+        description="The top of the start's strength: the validation greedy solve rate that `keep` compares checks "
+                    "with (None: no checks; train `updates`).")
+    keep: Literal["before_first_above", "last_at_or_below"] = Field(
+        "before_first_above",
+        description="With stop_above, the checkpoint saved: the last one before the first check above it (which "
+                    "ends the SFT), or the last checked one at or below it after all `updates`.")
     check_from: int = Field(500, ge=1, description="First update with a check (with stop_above).")
     check_every: int = Field(100, ge=1, description="Updates between checks (with stop_above).")
     check_mazes: int = Field(128, ge=1, description="Validation mazes per check (with stop_above).")
@@ -138,6 +149,9 @@ class SftConfig(BaseModel):
         if self.stop_above is not None and self.check_from > self.updates:
             raise ValueError(f"check_from {self.check_from} is after the last update ({self.updates}): no check "
                              "would run")
+        if self.stop_above is not None and self.keep == "last_at_or_below" and not self.is_check(self.updates):
+            raise ValueError(f"keep last_at_or_below needs a check after the last update: {self.updates} is not "
+                             f"check_from {self.check_from} plus a multiple of check_every {self.check_every}")
         return self
 
     def is_check(self, update: int) -> bool:
@@ -337,6 +351,9 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
         checks.append({"updates": update, "validation_solve_rate": rate, "episodes": summary["episodes"]})
         progress(f"sft check at update {update}: greedy solve rate {rate:.4f} on {config.check_mazes} "
                  f"validation mazes ({time.perf_counter() - started:.0f} s)")
+        if config.keep == "last_at_or_below":
+            _remove_unkept(config, checks, keep=_kept_update(config, checks, ran=update))
+            return False
         return config.stop_above is not None and rate > config.stop_above
 
     history = fit.run("sft", config.updates, next_batch, config.micro_batch_size, after_update=after_update)
@@ -350,6 +367,7 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
     if checks:
         report["checks"] = checks
         report["stop_above"] = config.stop_above
+        report["keep"] = config.keep
     if config.reading_updates:
         report["reading_updates"] = config.reading_updates
         report["reading_final_loss"] = reading_history[-1]["loss"]
@@ -357,22 +375,32 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
     if kept == len(history):
         _save(model, processor, Path(config.out), report)
     else:
-        progress(f"sft keeps the checkpoint of update {kept} (the last check at or below {config.stop_above})")
+        progress(f"sft keeps the checkpoint of update {kept} (keep {config.keep}, stop_above {config.stop_above})")
         _keep_checkpoint(Path(f"{config.out}-u{kept}"), Path(config.out), report, move=kept not in config.save_at)
-    for entry in checks:  # checkpoints saved only for a check (the one kept was moved to `out`)
-        if entry["updates"] != config.updates and entry["updates"] not in config.save_at:
-            shutil.rmtree(f"{config.out}-u{entry['updates']}", ignore_errors=True)
+    _remove_unkept(config, checks, keep=kept)  # the one kept was moved to `out`
     log.info("sft saved", extra={"out": config.out, "updates": kept, "wall_s": report["sft_wall_s"]})
     return report
 
 
 def _kept_update(config: SftConfig, checks: list[dict[str, Any]], ran: int) -> int:
-    """The update whose model the SFT keeps: the last one trained, unless a check rose above stop_above;
-    then the last check at or below it (the first check when none was)."""
-    if not checks or config.stop_above is None or checks[-1]["validation_solve_rate"] <= config.stop_above:
+    """The update whose model the SFT keeps, after `ran` updates: the last one trained, unless checks
+    rule otherwise (`keep`); then the last check at or below stop_above (the first check when none was)."""
+    if not checks or config.stop_above is None:
         return ran
+    if config.keep == "before_first_above" and checks[-1]["validation_solve_rate"] <= config.stop_above:
+        return ran  # no check rose above it: the SFT ran all its updates
     below = [entry["updates"] for entry in checks if entry["validation_solve_rate"] <= config.stop_above]
     return below[-1] if below else checks[0]["updates"]
+
+
+def _remove_unkept(config: SftConfig, checks: list[dict[str, Any]], keep: int) -> None:
+    """Deletes the checkpoints saved only for a check, but for `keep`'s: the last update's model is `out`
+    itself, and `save_at` asked for its own. During a `last_at_or_below` SFT this leaves at most one
+    checkpoint beside `out`, the one the SFT would keep if it ended there."""
+    for entry in checks:
+        update = entry["updates"]
+        if update not in (keep, config.updates) and update not in config.save_at:
+            shutil.rmtree(f"{config.out}-u{update}", ignore_errors=True)
 
 
 class _Fitter:

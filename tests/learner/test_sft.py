@@ -256,6 +256,52 @@ def test_checks_end_the_sft_above_the_bar_and_keep_the_last_checkpoint_at_or_bel
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sft", "sft-u2"]
 
 
+def test_keep_last_at_or_below_runs_every_update_and_keeps_the_last_check_inside_the_bar(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """keep last_at_or_below: checks after updates 2, 4, 6 and 8 read 0.2, 0.7, 0.4 and 0.8 (scripted);
+    the check above the bar at 4 does not end the SFT, which runs its 8 updates and keeps update 6's
+    weights, the last at or below 0.5. Checkpoints no longer in the running are deleted as it goes."""
+    out = tmp_path / "sft"
+    config = SftConfig(base_model=str(tiny_model_dir), out=str(out), num_mazes=4, updates=8, batch_size=4,
+                       micro_batch_size=4, warmup_steps=0, learning_rate=3e-3, stop_above=0.5, check_from=2,
+                       check_every=2, check_mazes=4, keep="last_at_or_below")
+    rates = iter([0.2, 0.7, 0.4, 0.8])
+    digests: dict[int, str] = {}
+    beside: dict[int, list[str]] = {}  # what the output's folder held while each check ran
+
+    def check(model_dir: Path) -> dict[str, object]:
+        update = int(json.loads((model_dir / "sft_report.json").read_text())["updates"])
+        digests[update] = _weights_digest(model_dir)
+        beside[update] = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))
+        return {"greedy_solve_rate": next(rates), "episodes": 4}
+
+    report = _with_env_service(lambda address: train_sft(config, address, lambda _m: None, check=check))
+    assert [c["updates"] for c in report["checks"]] == [2, 4, 6, 8]
+    assert report["updates"] == 6 and report["updates_run"] == 8 and report["keep"] == "last_at_or_below"
+    assert len(set(digests.values())) == 4
+    assert _weights_digest(out) == digests[6]
+    assert json.loads((out / "sft_report.json").read_text())["updates"] == 6
+    assert beside == {2: ["sft-u2"], 4: ["sft-u2", "sft-u4"], 6: ["sft-u2", "sft-u6"], 8: ["sft", "sft-u6"]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sft"]
+
+
+def test_keep_last_at_or_below_needs_the_last_update_checked() -> None:
+    from services.learner.sft import _kept_update
+
+    with pytest.raises(ValidationError, match="needs a check after the last update: 950"):
+        SftConfig(base_model="m", out="o", updates=950, stop_above=0.55, keep="last_at_or_below")
+    config = SftConfig(base_model="m", out="o", updates=1200, stop_above=0.55, keep="last_at_or_below")
+    rates = (0.44, 0.66, 0.44, 0.50, 0.61, 0.53, 0.65, 0.80)  # one machine's checks, 500..1200
+    checks = [{"updates": 500 + 100 * i, "validation_solve_rate": r} for i, r in enumerate(rates)]
+    assert _kept_update(config, checks, ran=1200) == 1000
+    assert _kept_update(config.model_copy(update={"keep": "before_first_above"}), checks[:2], ran=600) == 500
+    above = [{"updates": u, "validation_solve_rate": 0.9} for u in (500, 600)]
+    assert _kept_update(config, above, ran=1200) == 500  # none inside the bar: the first one checked
+    plain = {"base_model": "m", "out": "o", "updates": 1200, "stop_above": 0.55}
+    assert SftConfig(**plain).fingerprint() == SftConfig(**plain, keep="before_first_above").fingerprint()
+    assert SftConfig(**plain).fingerprint() != config.fingerprint()
+
+
 def test_without_a_check_above_the_bar_the_sft_runs_its_updates_and_keeps_the_last() -> None:
     from services.learner.sft import _kept_update
 
