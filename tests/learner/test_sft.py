@@ -348,6 +348,7 @@ def test_the_shipped_sft_configs_load(name: str) -> None:
 
     config = load_sft_config(Path(__file__).resolve().parents[2] / "configs" / name, None, None)
     if name == "sft-tiny.yaml":  # the demo's start: the last check inside the 30-55% band's top
-        assert config.stop_above == 0.55 and config.keep == "last_at_or_below" and config.check_from < config.updates
+        assert config.stop_above == 0.55 and config.is_check(config.check_from) and config.check_from < config.updates
+        assert config.keep == "last_at_or_below" and config.is_check(config.updates)
     else:
         assert config.stop_above is None and config.updates == 1500
