@@ -55,3 +55,14 @@ def test_shared_code_imports_no_service() -> None:
         for other in _imported_services(path) - {"common"}
     }
     assert not crossings, sorted(crossings)
+
+
+def test_only_the_coordinators_clients_speak_protobuf() -> None:
+    """The run loop and what it calls read and build plain dataclasses (services/coordinator/wire.py);
+    the generated `*_pb2` messages stay in clients.py."""
+    speaking = {
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "services" / "coordinator").rglob("*.py")
+        if any(name.startswith("mmrl.v1") for name in _imported_modules(path))
+    }
+    assert speaking == {"services/coordinator/clients.py"}

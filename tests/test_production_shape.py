@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from services.common.training import TrainSettings
 from services.coordinator.config import load_run_config
-from services.learner.config import LearnerRunConfig
 from services.rollout.config import RolloutConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,15 +34,15 @@ def _qwen3_vl_8b_dir(tmp_path: Path) -> Path:
 
 def test_the_production_run_config_is_accepted_by_the_learner_and_fits_the_rollout_engine() -> None:
     run = load_run_config(RUN)
-    learner = LearnerRunConfig.model_validate(run.learner_config())
+    learner = TrainSettings.from_json(run.train_settings().model_dump_json())
     rollout = RolloutConfig(model=run.model)
-    assert learner.lora_rank == run.lora.rank <= rollout.max_lora_rank
+    assert learner.lora.rank == run.lora.rank <= rollout.max_lora_rank
     assert rollout.resolved_dtype(on_cpu=False) == "bfloat16"
     assert run.colocated and rollout.resolved_memory_utilization(on_cpu=False) < 0.5
 
 
 def test_lora_targets_resolve_to_the_language_model_of_an_8b_shaped_qwen3_vl(tmp_path: Path) -> None:
-    from services.learner.config import DEFAULT_LORA_TARGETS
+    from services.common.training import DEFAULT_LORA_TARGETS
     from services.learner.policy import lora_targets, model_linear_names
 
     names = model_linear_names(_qwen3_vl_8b_dir(tmp_path))  # meta device: no memory, no weights

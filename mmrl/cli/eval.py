@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.cli.stack import Stack, StackConfig
-from mmrl.v1 import env_pb2
 from services.common import storage
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT, ChatTokens
 from services.common.maze import eval_seeds, layout_key
@@ -27,6 +26,7 @@ from services.coordinator.clients import CallPolicy, Services
 from services.coordinator.episodes import Timers
 from services.coordinator.evaluation import EvalPlan, eval_turn_limit, run_eval
 from services.coordinator.manager import load_tokenizer
+from services.coordinator.wire import TaskSpec
 from services.env.config import EnvConfig
 from services.env.evalset import RECIPES, get_eval_set
 
@@ -66,16 +66,14 @@ async def evaluate(
     services = Services.connect(env_addr, [rollout_addr], "127.0.0.1:1", CallPolicy(timeout_s=600, retries=2))
     try:
         if seeds is None:
-            eval_set = await services.env.call("GetEvalSet", services.env.stub.GetEvalSet,
-                                               env_pb2.GetEvalSetRequest(name=name))
-            specs = list(eval_set.specs)
+            specs = (await services.env.eval_set(name)).specs
         else:
-            specs = [env_pb2.EpisodeSpec(seed=s, max_moves=max_moves, options={"size": str(grid)}) for s in seeds]
+            specs = [TaskSpec(seed=s, max_moves=max_moves, options={"size": str(grid)}) for s in seeds]
         version = 0
         run_id = "eval"
         if adapter is not None:
             run_id, version, path = adapter
-            await services.rollouts[0].load_adapter(run_id, version, path)
+            await services.rollouts.load_adapter(run_id, version, path)
         tokenizer = load_tokenizer(str(model))
         max_turns = eval_turn_limit(specs, max_moves)
         sampled = f", then {samples} sampled episodes each" if samples else ""

@@ -1,4 +1,6 @@
-"""gRPC clients of the env, rollout and learner services, as the coordinator uses them.
+"""gRPC clients of the env, rollout and learner services, as the coordinator uses them: each call
+is a verb (`env.create_episodes`, `rollouts.generate`, `learner.train_step`, ...) that takes and
+returns the plain dataclasses of wire.py; the protobuf types stay in this module.
 
 Every call has a deadline and bounded retries (UNAVAILABLE only, with backoff); a failure raises
 ServiceError naming the service and its address, so a run fails with a reason a user can act on.
@@ -8,15 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.json_format import MessageToDict
 
-from mmrl.v1 import env_pb2_grpc, learner_pb2, learner_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from mmrl.v1 import env_pb2, env_pb2_grpc, learner_pb2, learner_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from services.common.grpc_server import channel, check_health
+from services.common.training import TrainSettings
+from services.common.trajectory import Trajectory
 from services.common.waiting import poll_until
+from services.coordinator.wire import (
+    EpisodeState,
+    EvalSet,
+    Generation,
+    LearnerState,
+    ModelInfo,
+    Prompt,
+    PublishedAdapter,
+    TaskSpec,
+    TrainResult,
+)
 
 log = logging.getLogger("mmrl.coordinator.clients")
 T = TypeVar("T")
@@ -72,12 +88,69 @@ class _Client:
         await self.channel.close()
 
 
+def _state(message: env_pb2.EpisodeState) -> EpisodeState:
+    return EpisodeState(episode_id=message.episode_id, text=message.observation.text,
+                        images=[image.data for image in message.observation.images], reward=message.reward,
+                        done=message.done, info=MessageToDict(message.info))
+
+
+def _spec(message: env_pb2.EpisodeSpec) -> TaskSpec:
+    return TaskSpec(seed=int(message.seed), max_moves=int(message.max_moves), options=dict(message.options))
+
+
+def _learner_state(message: learner_pb2.LearnerState) -> LearnerState:
+    return LearnerState(run_id=message.run_id, step=int(message.step), train_steps=int(message.train_steps),
+                        adapter_version=int(message.adapter_version), restored_from=message.restored_from)
+
+
 class EnvClient(_Client):
     service = "env"
 
     def __init__(self, address: str, policy: CallPolicy) -> None:
         super().__init__(address, policy)
         self.stub = env_pb2_grpc.EnvServiceStub(self.channel)
+
+    async def create_episodes(self, specs: Sequence[TaskSpec]) -> list[EpisodeState]:
+        request = env_pb2.CreateEpisodesRequest(specs=[
+            env_pb2.EpisodeSpec(seed=s.seed, max_moves=s.max_moves, options=dict(s.options)) for s in specs])
+        reply = await self.call("CreateEpisodes", self.stub.CreateEpisodes, request)
+        return [_state(state) for state in reply.episodes]
+
+    async def step(self, actions: Sequence[tuple[str, str]]) -> list[EpisodeState]:
+        """One turn of these episodes: (episode id, action text) pairs; states in the same order."""
+        request = env_pb2.StepRequest(actions=[env_pb2.EpisodeAction(episode_id=episode_id, action=action)
+                                               for episode_id, action in actions])
+        reply = await self.call("Step", self.stub.Step, request)
+        return [_state(state) for state in reply.episodes]
+
+    async def close_episodes(self, episode_ids: Sequence[str]) -> None:
+        await self.call("CloseEpisodes", self.stub.CloseEpisodes,
+                        env_pb2.CloseEpisodesRequest(episode_ids=list(episode_ids)))
+
+    async def eval_set(self, name: str = "") -> EvalSet:
+        """The named eval set ("" = the env's default)."""
+        reply = await self.call("GetEvalSet", self.stub.GetEvalSet, env_pb2.GetEvalSetRequest(name=name))
+        return EvalSet(name=reply.name, version=reply.version, content_hash=reply.content_hash,
+                       specs=[_spec(spec) for spec in reply.specs])
+
+
+def _generation_request(prompt: Prompt) -> rollout_pb2.GenerationRequest:
+    sampling = prompt.sampling
+    return rollout_pb2.GenerationRequest(
+        prompt_token_ids=prompt.token_ids,
+        images=[{"data": data, "mime_type": "image/png"} for data in prompt.images],
+        sampling=rollout_pb2.SamplingParams(
+            temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
+            stop_token_ids=sampling.stop_token_ids, n=1, seed=sampling.seed % 2**63),  # int64 field
+        adapter_run_id=prompt.adapter_run_id, adapter_version=prompt.adapter_version,
+    )
+
+
+def _generation(result: rollout_pb2.GenerationResult) -> Generation:
+    completion = result.completions[0]
+    return Generation(prompt_token_ids=list(result.prompt_token_ids), token_ids=list(completion.token_ids),
+                      logprobs=list(completion.logprobs), text=completion.text,
+                      adapter_version=int(result.adapter_version), num_cached_tokens=int(result.num_cached_tokens))
 
 
 class RolloutClient(_Client):
@@ -87,8 +160,13 @@ class RolloutClient(_Client):
         super().__init__(address, policy)
         self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
 
-    async def load_adapter(self, run_id: str, version: int, path: str,
-                           manifest_sha256: str = "") -> rollout_pb2.LoadAdapterResponse:
+    async def generate(self, prompts: Sequence[Prompt]) -> list[Generation]:
+        """One completion per prompt, in order."""
+        reply = await self.call("Generate", self.stub.Generate,
+                                rollout_pb2.GenerateRequest(requests=[_generation_request(p) for p in prompts]))
+        return [_generation(result) for result in reply.results]
+
+    async def load_adapter(self, run_id: str, version: int, path: str, manifest_sha256: str = "") -> None:
         """Loads the adapter version and checks what the replica confirms: the version, and the
         manifest checksum the learner published when one is given."""
         reply = await self.call("LoadAdapter", self.stub.LoadAdapter,
@@ -100,7 +178,72 @@ class RolloutClient(_Client):
             raise ServiceError(self.service, self.address, "LoadAdapter", "MISMATCH",
                                f"version {version} was published with manifest sha256 {manifest_sha256}, "
                                f"the replica loaded {reply.manifest_sha256}")
-        return reply
+
+    async def sleep(self, level: int = 1) -> None:
+        await self.call("Sleep", self.stub.Sleep, rollout_pb2.SleepRequest(level=level))
+
+    async def wake_up(self) -> None:
+        await self.call("WakeUp", self.stub.WakeUp, rollout_pb2.WakeUpRequest())
+
+    async def model_info(self) -> ModelInfo:
+        reply = await self.call("GetModelInfo", self.stub.GetModelInfo, rollout_pb2.GetModelInfoRequest())
+        return ModelInfo(model=reply.model, max_model_len=int(reply.max_model_len),
+                         sleep_supported=bool(reply.sleep_supported))
+
+
+class Rollouts:
+    """The rollout replicas of a run, as one: a batch is split across them, and an episode (named
+    by its key) stays on the replica that served its first turn, so that replica's prefix cache
+    holds its conversation turn after turn. Adapter loads, sleeps and wake-ups go to every replica
+    at once; each must confirm."""
+
+    def __init__(self, clients: Sequence[RolloutClient]) -> None:
+        self.clients = list(clients)
+        self._home: dict[str, int] = {}  # episode key -> replica index
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+    def replica_of(self, key: str) -> int:
+        """The replica an episode is served by: assigned round-robin at its first turn."""
+        if key not in self._home:
+            self._home[key] = self._next % len(self.clients)
+            self._next += 1
+        return self._home[key]
+
+    def forget(self, keys: Iterable[str]) -> None:
+        """Episodes that are over no longer hold a replica."""
+        for key in keys:
+            self._home.pop(key, None)
+
+    async def generate(self, prompts: Sequence[Prompt], keys: Sequence[str]) -> list[Generation]:
+        """One completion per prompt, in order; each replica gets its episodes' prompts in one call,
+        all replicas at once."""
+        assert len(prompts) == len(keys)
+        shares: dict[int, list[int]] = {}
+        for index, key in enumerate(keys):
+            shares.setdefault(self.replica_of(key), []).append(index)
+        replies = await asyncio.gather(*(self.clients[replica].generate([prompts[i] for i in indices])
+                                         for replica, indices in shares.items()))
+        results: list[Generation | None] = [None] * len(prompts)
+        for indices, generations in zip(shares.values(), replies, strict=True):
+            for index, generation in zip(indices, generations, strict=True):
+                results[index] = generation
+        assert all(r is not None for r in results), "a replica answered fewer prompts than it was sent"
+        return results  # type: ignore[return-value]
+
+    async def load_adapter(self, run_id: str, version: int, path: str, manifest_sha256: str = "") -> None:
+        await asyncio.gather(*(c.load_adapter(run_id, version, path, manifest_sha256) for c in self.clients))
+
+    async def sleep(self, level: int = 1) -> None:
+        await asyncio.gather(*(c.sleep(level) for c in self.clients))
+
+    async def wake_up(self) -> None:
+        await asyncio.gather(*(c.wake_up() for c in self.clients))
+
+    async def model_info(self) -> ModelInfo:
+        return await self.clients[0].model_info()
 
 
 class LearnerClient(_Client):
@@ -110,8 +253,36 @@ class LearnerClient(_Client):
         super().__init__(address, policy)
         self.stub = learner_pb2_grpc.LearnerServiceStub(self.channel)
 
-    async def state(self, run_id: str) -> learner_pb2.LearnerState:
-        return await self.call("GetState", self.stub.GetState, learner_pb2.GetStateRequest(run_id=run_id))
+    async def configure_run(self, run_id: str, settings: TrainSettings) -> LearnerState:
+        """Binds the learner to the run with these training settings (it resumes from the run's
+        newest complete checkpoint when it has one)."""
+        reply = await self.call("ConfigureRun", self.stub.ConfigureRun, learner_pb2.ConfigureRunRequest(
+            run_id=run_id, config_json=settings.model_dump_json()))
+        return _learner_state(reply)
+
+    async def train_step(self, run_id: str, trajectories: Sequence[Trajectory]) -> TrainResult:
+        reply = await self.call("TrainStep", self.stub.TrainStep, learner_pb2.TrainStepRequest(
+            run_id=run_id, trajectories=[t.to_proto() for t in trajectories]))
+        return TrainResult(step=int(reply.step), metrics=dict(reply.metrics), skipped=bool(reply.skipped))
+
+    async def publish(self, run_id: str) -> PublishedAdapter:
+        """Publishes the current adapter as the run's next version."""
+        reply = await self.call("PublishAdapter", self.stub.PublishAdapter,
+                                learner_pb2.PublishAdapterRequest(run_id=run_id))
+        return PublishedAdapter(version=int(reply.version), path=reply.path, manifest_sha256=reply.manifest_sha256)
+
+    async def save_checkpoint(self, run_id: str) -> None:
+        await self.call("SaveCheckpoint", self.stub.SaveCheckpoint, learner_pb2.SaveCheckpointRequest(run_id=run_id))
+
+    async def load_checkpoint(self, run_id: str) -> LearnerState:
+        """Rolls the learner back to the run's newest complete checkpoint."""
+        reply = await self.call("LoadCheckpoint", self.stub.LoadCheckpoint,
+                                learner_pb2.LoadCheckpointRequest(run_id=run_id))
+        return _learner_state(reply)
+
+    async def state(self, run_id: str) -> LearnerState:
+        return _learner_state(await self.call("GetState", self.stub.GetState,
+                                              learner_pb2.GetStateRequest(run_id=run_id)))
 
 
 @dataclass
@@ -119,18 +290,18 @@ class Services:
     """The clients one run talks to."""
 
     env: EnvClient
-    rollouts: list[RolloutClient]
+    rollouts: Rollouts
     learner: LearnerClient
 
     @classmethod
     def connect(cls, env: str, rollouts: list[str], learner: str, policy: CallPolicy) -> Services:
         if not rollouts:
             raise ValueError("at least one rollout replica address is needed")
-        return cls(EnvClient(env, policy), [RolloutClient(a, policy) for a in rollouts],
+        return cls(EnvClient(env, policy), Rollouts([RolloutClient(a, policy) for a in rollouts]),
                    LearnerClient(learner, policy))
 
     def all(self) -> list[_Client]:
-        return [self.env, *self.rollouts, self.learner]
+        return [self.env, *self.rollouts.clients, self.learner]
 
     async def first_unhealthy(self) -> _Client | None:
         """The first service that is not SERVING (all are checked at once), or None."""

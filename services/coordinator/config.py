@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from services.common.config_files import read_config_file
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT
 from services.common.maze import Cell, num_cells_per_side, option_flag, parse_cell
+from services.common.training import LoraSettings, LossSettings, OptimSettings, TrainSettings
 from services.coordinator.advantages import Normalize, PathCredit
 
 # Which episodes hindsight replays (services/coordinator/hindsight.py).
@@ -130,15 +131,6 @@ class GrpoSettings(_Strict):
                     "ended on), 'solved' (those with bumps or detours, to their own goal: self-imitation of the "
                     "clean way) or 'both'.",
     )
-    clip_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower PPO clip: ratio >= 1 - clip_low.")
-    clip_high: float = Field(0.28, ge=0.0, le=10.0, description="Upper PPO clip (DAPO clip-higher).")
-    kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL to the adapter-free reference.")
-    loss_agg: Literal["token_mean", "sequence_mean"] = Field(
-        "token_mean", description="How per-token losses are averaged."
-    )
-    tis_cap: float | None = Field(
-        None, gt=0.0, description="Truncated importance-sampling cap vs rollout log-probs (None = off)."
-    )
     dynamic_sampling: bool = Field(
         False, description="DAPO: drop groups whose rewards are all equal and play more mazes."
     )
@@ -149,12 +141,6 @@ class GrpoSettings(_Strict):
         0, ge=0, le=1024,
         description="With dynamic sampling: mazes played per round beyond those still needed, so that "
                     "dropped groups are replaced in the same round instead of a later one.",
-    )
-    old_logprobs: Literal["learner", "rollout"] = Field(
-        "learner",
-        description="Old policy of the PPO ratio over several mini-batches: the learner's log-probs "
-                    "(an extra no-grad pass) or the rollout engine's (exact only when they agree, "
-                    "see train/logprob_abs_diff_vs_rollout; not with async_rollout).",
     )
     async_rollout: bool = Field(
         False,
@@ -168,51 +154,6 @@ class GrpoSettings(_Strict):
             raise ValueError(f"grpo.greedy_per_group ({self.greedy_per_group}) must leave sampled episodes in a "
                              f"group of grpo.group_size {self.group_size}: greedy episodes of one maze are all alike")
         return self
-
-
-class LoraSettings(_Strict):
-    """LoRA on the language model's linear layers."""
-
-    rank: int = Field(16, ge=1, le=256, description="LoRA rank r.")
-    alpha: int = Field(32, ge=1, description="LoRA alpha (scale = alpha / r).")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
-    target_modules: str | None = Field(
-        None, description="Regex (full match) of adapted module names; None = the learner's default "
-        "(the language model's attention and MLP projections)."
-    )
-
-
-class OptimSettings(_Strict):
-    """AdamW with linear warm-up, then a constant or cosine-decaying learning rate."""
-
-    learning_rate: float = Field(1e-4, gt=0.0, le=1.0, description="Peak learning rate.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up, in optimiser steps.")
-    lr_schedule: Literal["constant", "cosine"] = Field(
-        "constant", description="After the warm-up: constant, or cosine decay over the run's `steps`."
-    )
-    min_lr_ratio: float = Field(
-        0.0, ge=0.0, le=1.0, description="Cosine: final learning rate as a fraction of the peak."
-    )
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
-    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
-    micro_batch_size: int = Field(16, ge=1, description="Trajectories per forward/backward.")
-    activation_checkpointing: bool = Field(
-        False, description="Recompute each decoder layer in the backward pass: far less activation memory "
-                           "for long multi-turn trajectories, about one more forward pass of time.",
-    )
-    num_minibatches: int = Field(
-        1, ge=1, le=1024,
-        description="Optimiser steps per pass over a training step's batch (`epochs` passes): num_minibatches x "
-                    "epochs optimiser steps per step (1 x 1 = plain on-policy GRPO).",
-    )
-    epochs: int = Field(
-        1, ge=1, le=64,
-        description="Passes over each training step's batch (PPO epochs): epochs x num_minibatches optimiser steps.",
-    )
-
-    @property
-    def steps_per_train_step(self) -> int:
-        return self.num_minibatches * self.epochs
 
 
 class EvalSettings(_Strict):
@@ -246,6 +187,7 @@ class RunConfig(_Strict):
     grpo: GrpoSettings = Field(default_factory=GrpoSettings)  # type: ignore[arg-type]
     lora: LoraSettings = Field(default_factory=LoraSettings)  # type: ignore[arg-type]
     optim: OptimSettings = Field(default_factory=OptimSettings)  # type: ignore[arg-type]
+    loss: LossSettings = Field(default_factory=LossSettings)  # type: ignore[arg-type]
     eval: EvalSettings = Field(default_factory=EvalSettings)  # type: ignore[arg-type]
     endpoints: Endpoints = Field(default_factory=Endpoints)  # type: ignore[arg-type]
     steps: int = Field(10, ge=1, le=1_000_000, description="GRPO steps to run.")
@@ -267,44 +209,20 @@ class RunConfig(_Strict):
         if self.grpo.hindsight_advantage > 0 and option_flag(self.env.options.get("require_stop", "")):
             raise ValueError("grpo.hindsight_advantage replays the loop-erased path, which drops the final "
                              "'stop' that env.options.require_stop needs: every replay would go unsolved")
-        if self.grpo.async_rollout and self.grpo.old_logprobs == "rollout":
+        if self.grpo.async_rollout and self.loss.old_logprobs == "rollout":
             raise ValueError("grpo.async_rollout samples with the version before the learner's, so the "
-                             "rollout log-probs are not the old policy (set grpo.old_logprobs: learner)")
+                             "rollout log-probs are not the old policy (set loss.old_logprobs: learner)")
         return self
 
     @property
     def turn_limit(self) -> int:
         return self.max_turns or self.env.max_moves
 
-    def learner_config(self) -> dict[str, Any]:
-        """The learner's per-run training settings (sent with ConfigureRun)."""
-        cfg: dict[str, Any] = {
-            "lora_rank": self.lora.rank,
-            "lora_alpha": self.lora.alpha,
-            "lora_dropout": self.lora.dropout,
-            "learning_rate": self.optim.learning_rate,
-            "warmup_steps": self.optim.warmup_steps,
-            "lr_schedule": self.optim.lr_schedule,
-            "weight_decay": self.optim.weight_decay,
-            "max_grad_norm": self.optim.max_grad_norm,
-            "micro_batch_size": self.optim.micro_batch_size,
-            "activation_checkpointing": self.optim.activation_checkpointing,
-            "num_minibatches": self.optim.num_minibatches,
-            "num_epochs": self.optim.epochs,
-            "clip_low": self.grpo.clip_low,
-            "clip_high": self.grpo.clip_high,
-            "kl_coef": self.grpo.kl_coef,
-            "loss_agg": self.grpo.loss_agg,
-            "tis_cap": self.grpo.tis_cap,
-            "old_logprobs": self.grpo.old_logprobs,
-            "seed": self.seed,
-        }
-        if self.lora.target_modules is not None:
-            cfg["lora_target_modules"] = self.lora.target_modules
-        if self.optim.lr_schedule == "cosine":  # the learner counts optimiser steps
-            cfg["total_steps"] = self.steps * self.optim.steps_per_train_step
-            cfg["min_lr_ratio"] = self.optim.min_lr_ratio
-        return cfg
+    def train_settings(self) -> TrainSettings:
+        """What the learner trains this run with (sent with ConfigureRun); the cosine schedule spans
+        the run's optimiser steps."""
+        total = self.steps * self.optim.steps_per_train_step if self.optim.lr_schedule == "cosine" else None
+        return TrainSettings(lora=self.lora, optim=self.optim, loss=self.loss, seed=self.seed, total_steps=total)
 
 
 def load_run_config(path: Path, overrides: dict[str, Any] | None = None) -> RunConfig:

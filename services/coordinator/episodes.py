@@ -1,5 +1,6 @@
 """Playing a batch of episodes: all active episodes advance together, one batched Generate (split
-across rollout replicas, issued concurrently) and one batched env Step per turn.
+across rollout replicas, each episode staying on one, issued concurrently) and one batched env
+Step per turn.
 
 The conversation of every episode is kept as token ids (services.common.conversation); the result
 carries the engine-expanded record the learner trains on.
@@ -7,18 +8,15 @@ carries the engine-expanded record the learner trains on.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict
-
-from mmrl.v1 import env_pb2, rollout_pb2
 from services.common.conversation import ChatTokens, TokenConversation, Tokenizer
-from services.coordinator.clients import RolloutClient, Services
+from services.coordinator.clients import Services
+from services.coordinator.wire import EpisodeState, Prompt, SamplingParams, TaskSpec
 
 
 @dataclass
@@ -33,7 +31,7 @@ class Timers:
 
 @dataclass
 class EpisodeResult:
-    spec: env_pb2.EpisodeSpec
+    spec: TaskSpec
     group_index: int
     conversation: TokenConversation
     actions: list[str] = field(default_factory=list)
@@ -91,36 +89,18 @@ def observation_key(images: list[bytes]) -> str:
     return digest.hexdigest()
 
 
-def _sampling_proto(sampling: Sampling, seed: int, stop_ids: list[int]) -> rollout_pb2.SamplingParams:
-    """The request's sampling parameters; the seed is taken modulo 2**63 to fit the int64 field."""
-    return rollout_pb2.SamplingParams(
-        temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
-        stop_token_ids=stop_ids, n=1, seed=seed % 2**63,
-    )
-
-
-async def _generate_split(
-    rollouts: list[RolloutClient], requests: list[rollout_pb2.GenerationRequest]
-) -> list[rollout_pb2.GenerationResult]:
-    """One Generate per replica with a contiguous share of the batch, concurrently."""
-    shares = len(rollouts)
-    bounds = [len(requests) * i // shares for i in range(shares + 1)]
-    calls = [
-        client.call("Generate", client.stub.Generate,
-                    rollout_pb2.GenerateRequest(requests=requests[bounds[i]:bounds[i + 1]]))
-        for i, client in enumerate(rollouts) if bounds[i] < bounds[i + 1]
-    ]
-    replies = await asyncio.gather(*calls)
-    return [result for reply in replies for result in reply.results]
+def _sampling_params(sampling: Sampling, seed: int, stop_ids: list[int]) -> SamplingParams:
+    return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
+                          max_tokens=sampling.max_tokens, stop_token_ids=stop_ids, seed=seed)
 
 
 def open_conversation(tokenizer: Tokenizer, chat: ChatTokens, system_prompt: str,
-                      state: env_pb2.EpisodeState) -> TokenConversation:
+                      state: EpisodeState) -> TokenConversation:
     """A new episode's conversation: the system turn (if any) and its first observation."""
     conv = TokenConversation(chat)
     if system_prompt:
         conv.add_system(tokenizer, system_prompt)
-    conv.add_observation(tokenizer, state.observation.text, [img.data for img in state.observation.images])
+    conv.add_observation(tokenizer, state.text, state.images)
     return conv
 
 
@@ -128,7 +108,7 @@ async def play_episodes(
     services: Services,
     tokenizer: Tokenizer,
     chat: ChatTokens,
-    specs: list[env_pb2.EpisodeSpec],
+    specs: list[TaskSpec],
     *,
     samples_per_spec: int,
     sampling: Sampling,
@@ -147,11 +127,10 @@ async def play_episodes(
     greedy = Sampling.greedy(sampling.max_tokens)
     all_specs = [spec for spec in specs for _ in range(samples_per_spec)]
     started = time.perf_counter()
-    created = await services.env.call("CreateEpisodes", services.env.stub.CreateEpisodes,
-                                      env_pb2.CreateEpisodesRequest(specs=all_specs))
+    created = await services.env.create_episodes(all_specs)
     timers.add("env", started)
     results: list[EpisodeResult] = []
-    for index, (spec, state) in enumerate(zip(all_specs, created.episodes, strict=True)):
+    for index, (spec, state) in enumerate(zip(all_specs, created, strict=True)):
         conv = open_conversation(tokenizer, chat, system_prompt, state)
         results.append(EpisodeResult(spec=spec, group_index=index // samples_per_spec, conversation=conv,
                                      frames=list(conv.images) if keep_frames else [],
@@ -162,53 +141,51 @@ async def play_episodes(
         for turn in range(max_turns):
             if not active:
                 break
-            requests = [
-                rollout_pb2.GenerationRequest(
-                    prompt_token_ids=results[i].conversation.compact_ids,
-                    images=[{"data": d, "mime_type": "image/png"} for d in results[i].conversation.images],
-                    sampling=_sampling_proto(greedy if i % samples_per_spec < greedy_per_spec else sampling,
-                                             seed * 1_000_003 + i * 1009 + turn, [chat.im_end]),
+            prompts = [
+                Prompt(
+                    token_ids=results[i].conversation.compact_ids,
+                    images=list(results[i].conversation.images),
+                    sampling=_sampling_params(greedy if i % samples_per_spec < greedy_per_spec else sampling,
+                                              seed * 1_000_003 + i * 1009 + turn, [chat.im_end]),
                     adapter_run_id=run_id if adapter_version else "",
                     adapter_version=adapter_version,
                 )
                 for i in active
             ]
             started = time.perf_counter()
-            generated = await _generate_split(services.rollouts, requests)
+            generated = await services.rollouts.generate(prompts, [results[i].episode_id for i in active])
             timers.add("rollout", started)
             actions = []
-            for i, result in zip(active, generated, strict=True):
-                completion = result.completions[0]
-                assert result.adapter_version == adapter_version, "rollout sampled with another adapter"
+            for i, generation in zip(active, generated, strict=True):
+                assert generation.adapter_version == adapter_version, "rollout sampled with another adapter"
                 results[i].conversation.add_generation(
-                    list(result.prompt_token_ids), list(completion.token_ids), list(completion.logprobs))
-                results[i].actions.append(completion.text)
-                results[i].prompt_tokens += len(result.prompt_token_ids)
-                results[i].cached_prompt_tokens += result.num_cached_tokens
-                actions.append(env_pb2.EpisodeAction(episode_id=results[i].episode_id, action=completion.text))
+                    generation.prompt_token_ids, generation.token_ids, generation.logprobs)
+                results[i].actions.append(generation.text)
+                results[i].prompt_tokens += len(generation.prompt_token_ids)
+                results[i].cached_prompt_tokens += generation.num_cached_tokens
+                actions.append((results[i].episode_id, generation.text))
             started = time.perf_counter()
-            stepped = await services.env.call("Step", services.env.stub.Step,
-                                              env_pb2.StepRequest(actions=actions))
+            stepped = await services.env.step(actions)
             timers.add("env", started)
             still_active = []
-            for i, state in zip(active, stepped.episodes, strict=True):
+            for i, state in zip(active, stepped, strict=True):
                 episode = results[i]
                 episode.reward = state.reward
-                episode.info = MessageToDict(state.info)
+                episode.info = state.info
                 episode.invalid_turns.append(bool(episode.info.get("invalid", False)))
-                frames = [img.data for img in state.observation.images]
                 if keep_frames:
-                    episode.frames += frames
+                    episode.frames += state.images
                 if state.done:
-                    episode.final_observation_key = observation_key(frames)
+                    episode.final_observation_key = observation_key(state.images)
                     continue
-                episode.conversation.add_observation(tokenizer, state.observation.text, frames)
-                episode.observation_keys.append(observation_key(frames))
+                episode.conversation.add_observation(tokenizer, state.text, state.images)
+                episode.observation_keys.append(observation_key(state.images))
                 still_active.append(i)
             active = still_active
     finally:
+        ids = [r.episode_id for r in results]
+        services.rollouts.forget(ids)
         started = time.perf_counter()
-        await services.env.call("CloseEpisodes", services.env.stub.CloseEpisodes,
-                                env_pb2.CloseEpisodesRequest(episode_ids=[r.episode_id for r in results]))
+        await services.env.close_episodes(ids)
         timers.add("env", started)
     return results

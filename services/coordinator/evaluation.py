@@ -10,15 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmrl.v1 import env_pb2
 from services.common.conversation import ChatTokens, Tokenizer
 from services.coordinator.clients import Services
 from services.coordinator.episodes import EpisodeResult, Sampling, Timers, invalid_fraction, play_episodes
+from services.coordinator.wire import TaskSpec
 
 
 @dataclass(frozen=True)
 class EvalPlan:
-    specs: list[env_pb2.EpisodeSpec]
+    specs: list[TaskSpec]
     max_tokens: int
     sampled_samples: int
     sampled_temperature: float
@@ -26,7 +26,7 @@ class EvalPlan:
     system_prompt: str
 
 
-def eval_turn_limit(specs: list[env_pb2.EpisodeSpec], default: int) -> int:
+def eval_turn_limit(specs: list[TaskSpec], default: int) -> int:
     """Turns an eval plays: the longest move budget of its mazes (a spec of 0 has `default`). An eval
     set's own budgets decide, not a run's training settings, so a run and `mmrl eval` agree."""
     return max((int(spec.max_moves) or default for spec in specs), default=default)

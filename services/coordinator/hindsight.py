@@ -26,15 +26,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from google.protobuf.json_format import MessageToDict
-
-from mmrl.v1 import env_pb2
 from services.common.conversation import ChatTokens, TokenConversation, Tokenizer, expand_image_placeholders
 from services.common.trajectory import Trajectory
 from services.coordinator.advantages import loop_erased_turns
 from services.coordinator.clients import Services
 from services.coordinator.config import Replayed
 from services.coordinator.episodes import EpisodeResult, Timers, open_conversation
+from services.coordinator.wire import TaskSpec
 
 # The outcomes (solved or not) of the episodes each `grpo.hindsight_episodes` value replays.
 _OUTCOMES: dict[str, tuple[bool, ...]] = {"failed": (False,), "solved": (True,), "both": (False, True)}
@@ -117,12 +115,11 @@ async def replay(
     if not relabels:
         return []
     started = time.perf_counter()
-    specs = [env_pb2.EpisodeSpec(seed=r.episode.spec.seed, max_moves=r.episode.spec.max_moves, options=r.options)
+    specs = [TaskSpec(seed=r.episode.spec.seed, max_moves=r.episode.spec.max_moves, options=r.options)
              for r in relabels]
-    created = await services.env.call("CreateEpisodes", services.env.stub.CreateEpisodes,
-                                      env_pb2.CreateEpisodesRequest(specs=specs))
-    ids = [state.episode_id for state in created.episodes]
-    convs = [open_conversation(tokenizer, chat, system_prompt, state) for state in created.episodes]
+    created = await services.env.create_episodes(specs)
+    ids = [state.episode_id for state in created]
+    convs = [open_conversation(tokenizer, chat, system_prompt, state) for state in created]
     per_image = [_tokens_per_image(r.episode.conversation, chat) for r in relabels]
     solved = [False] * len(relabels)
     try:
@@ -135,17 +132,15 @@ async def replay(
                                                      [per_image[i]] * len(conv.images))
                 generated = _generated_ids(r.episode.conversation, r.turns[k])
                 conv.add_generation(expanded, generated, [0.0] * len(generated))
-                actions.append(env_pb2.EpisodeAction(episode_id=ids[i], action=r.episode.actions[r.turns[k]]))
-            stepped = await services.env.call("Step", services.env.stub.Step, env_pb2.StepRequest(actions=actions))
-            for i, state in zip(playing, stepped.episodes, strict=True):
+                actions.append((ids[i], r.episode.actions[r.turns[k]]))
+            stepped = await services.env.step(actions)
+            for i, state in zip(playing, stepped, strict=True):
                 last = k == len(relabels[i].turns) - 1
-                solved[i] = last and state.done and bool(MessageToDict(state.info).get("solved", state.reward > 0))
+                solved[i] = last and state.done and bool(state.info.get("solved", state.reward > 0))
                 if not state.done:
-                    convs[i].add_observation(tokenizer, state.observation.text,
-                                             [img.data for img in state.observation.images])
+                    convs[i].add_observation(tokenizer, state.text, state.images)
     finally:
-        await services.env.call("CloseEpisodes", services.env.stub.CloseEpisodes,
-                                env_pb2.CloseEpisodesRequest(episode_ids=ids))
+        await services.env.close_episodes(ids)
         timers.add("hindsight", started)
     return [conv for conv, ok in zip(convs, solved, strict=True) if ok]
 

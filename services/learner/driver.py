@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Literal
 
 from services.common import storage
+from services.common.training import TrainSettings
 from services.common.trajectory import Trajectory
 from services.learner import checkpoint as ckpt
 from services.learner.batch import prepare_batch, prepare_trajectory
-from services.learner.config import LearnerRunConfig
 from services.learner.distributed import broadcast_object, plan_shards, scatter_objects
 from services.learner.engine import LearnerEngine, LearnerState, existing_run_versions
 from services.learner.policy import lora_targets
@@ -85,8 +85,8 @@ class LearnerDriver:
         """Binds the learner to `run_id`; resumes from the run's newest complete checkpoint. A repeat
         with the same config is a no-op; a different config for the configured run is refused."""
         storage.validate_run_id(run_id)
-        config = LearnerRunConfig.from_json(config_json)
-        lora_targets(self.engine.linear_names, config.lora_target_modules)  # every rank would fail alike
+        config = TrainSettings.from_json(config_json)
+        lora_targets(self.engine.linear_names, config.lora.target_modules)  # every rank would fail alike
         run = self.engine.run
         if run is not None and run.run_id == run_id:
             if run.config == config:
@@ -119,7 +119,7 @@ class LearnerDriver:
         assert self.engine.run is not None
         start = time.perf_counter()
         prepared = prepare_batch(trajectories, self.engine.spec, self.engine.frames)
-        groups = split_minibatches(len(prepared), self.engine.run.config.num_minibatches)
+        groups = split_minibatches(len(prepared), self.engine.run.config.optim.num_minibatches)
         totals = tuple(BatchTotals.of([prepared[i] for i in group]) for group in groups)
         # plans[j][rank] = [(index into the batch, is_padding), ...]
         plans = [
@@ -211,7 +211,7 @@ class LearnerDriver:
         """Releases the other ranks from `worker_loop`."""
         self._send(Command("stop"))
 
-    def _check_compatible(self, directory: Path, run_id: str, config: LearnerRunConfig) -> None:
+    def _check_compatible(self, directory: Path, run_id: str, config: TrainSettings) -> None:
         _verify(directory)
         try:
             saved = ckpt.load_trainer_state(directory)
@@ -221,7 +221,8 @@ class LearnerDriver:
         if saved.run_id != run_id:
             raise StateError(f"checkpoint {directory} belongs to run {saved.run_id!r}, not {run_id!r}")
         wanted = config.adapter_fields()
-        have = {k: saved.config.get(k) for k in wanted}
+        saved_lora = saved.config.get("lora") or {}
+        have = {k: saved_lora.get(k) for k in wanted}
         if have != wanted:
             raise StateError(
                 f"checkpoint {directory} was trained with {have}, the run config asks for {wanted}"
@@ -267,7 +268,7 @@ def worker_loop(engine: LearnerEngine) -> None:
         if command.kind == "stop":
             return
         if command.kind == "configure":
-            engine.configure(command.run_id, LearnerRunConfig.from_json(command.config_json), command.version)
+            engine.configure(command.run_id, TrainSettings.from_json(command.config_json), command.version)
         elif command.kind == "train":
             shards = scatter_objects(None, ctx)
             minibatches = []

@@ -16,10 +16,11 @@ from typing import Any
 import torch
 
 from services.common import storage
+from services.common.training import TrainSettings
 from services.learner import checkpoint as ckpt
 from services.learner import image_features
 from services.learner.batch import FrameProcessor, ModelSpec
-from services.learner.config import LearnerRunConfig, LearnerSettings
+from services.learner.config import LearnerSettings
 from services.learner.distributed import (
     DistContext,
     broadcast_object,
@@ -55,7 +56,7 @@ class LearnerState:
 @dataclass
 class _Run:
     run_id: str
-    config: LearnerRunConfig
+    config: TrainSettings
     model: Any
     optimizer: torch.optim.Optimizer
     step: int = 0  # optimiser steps (the learning-rate schedule position)
@@ -101,7 +102,7 @@ class LearnerEngine:
 
     # -- commands (collective) -----------------------------------------------------------------------
 
-    def configure(self, run_id: str, config: LearnerRunConfig, adapter_version: int) -> LearnerState:
+    def configure(self, run_id: str, config: TrainSettings, adapter_version: int) -> LearnerState:
         """Builds a fresh model with a new (identity) adapter and optimizer for `run_id`."""
         self.run = None
         gc.collect()

@@ -8,10 +8,10 @@ from collections.abc import Iterable
 
 import torch
 
-from services.learner.config import LearnerRunConfig
+from services.common.training import TrainSettings
 
 
-def learning_rate_at(step: int, config: LearnerRunConfig) -> float:
+def learning_rate_at(step: int, config: TrainSettings) -> float:
     """The learning rate of optimiser step `step` (0-based):
 
         warm-up  (step < W):  lr * (step + 1) / (W + 1)
@@ -20,26 +20,26 @@ def learning_rate_at(step: int, config: LearnerRunConfig) -> float:
 
     with W = warmup_steps, T = total_steps, m = min_lr_ratio; p is capped at 1.
     """
-    peak = config.learning_rate
-    warmup = config.warmup_steps
+    peak = config.optim.learning_rate
+    warmup = config.optim.warmup_steps
     if step < warmup:
         return peak * (step + 1) / (warmup + 1)
-    if config.lr_schedule == "constant":
+    if config.optim.lr_schedule == "constant":
         return peak
     assert config.total_steps is not None
     progress = min(1.0, (step - warmup) / (config.total_steps - warmup))
-    floor = config.min_lr_ratio
+    floor = config.optim.min_lr_ratio
     return peak * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], config: LearnerRunConfig) -> torch.optim.AdamW:
+def build_optimizer(params: Iterable[torch.nn.Parameter], config: TrainSettings) -> torch.optim.AdamW:
     """AdamW on the trainable parameters; its lr is set by the trainer before every step."""
     return torch.optim.AdamW(
         list(params),
         lr=learning_rate_at(0, config),
-        betas=config.adam_betas,
-        eps=config.adam_eps,
-        weight_decay=config.weight_decay,
+        betas=config.optim.adam_betas,
+        eps=config.optim.adam_eps,
+        weight_decay=config.optim.weight_decay,
         foreach=False,
     )
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
+from services.common.training import TrainSettings
 from services.learner.batch import PolicyBatch
-from services.learner.config import LearnerRunConfig
 
 ADAPTER_NAME = "default"
 
@@ -59,37 +59,37 @@ def lora_targets(linear_names: list[str], pattern: str) -> list[str]:
     try:
         regex = re.compile(pattern)
     except re.error as exc:
-        raise ValueError(f"lora_target_modules {pattern!r} is not a regular expression: {exc}") from exc
+        raise ValueError(f"lora.target_modules {pattern!r} is not a regular expression: {exc}") from exc
     matched = [name for name in linear_names if regex.fullmatch(name)]
     if not matched:
-        raise ValueError(f"lora_target_modules {pattern!r} matches no linear layer")
+        raise ValueError(f"lora.target_modules {pattern!r} matches no linear layer")
     vision = [name for name in matched if any(marker in name for marker in VISION_MARKERS)]
     if vision:
-        raise ValueError(f"lora_target_modules {pattern!r} selects vision-tower layers, e.g. {vision[0]!r}")
+        raise ValueError(f"lora.target_modules {pattern!r} selects vision-tower layers, e.g. {vision[0]!r}")
     return matched
 
 
-def add_lora(model: Any, config: LearnerRunConfig) -> Any:
-    """Wraps `model` in a peft LoRA model on the modules matching `config.lora_target_modules`.
+def add_lora(model: Any, config: TrainSettings) -> Any:
+    """Wraps `model` in a peft LoRA model on the modules matching `config.lora.target_modules`.
 
     The initialisation is seeded with `config.seed` (B = 0, so the adapter starts as the identity
     and every rank builds the same weights). Raises ValueError for targets `lora_targets` refuses.
     """
     from peft import LoraConfig, get_peft_model
 
-    lora_targets(linear_module_names(model), config.lora_target_modules)
+    lora_targets(linear_module_names(model), config.lora.target_modules)
     lora = LoraConfig(
-        r=config.lora_rank,
-        lora_alpha=config.lora_alpha,
-        lora_dropout=config.lora_dropout,
-        target_modules=config.lora_target_modules,
+        r=config.lora.rank,
+        lora_alpha=config.lora.alpha,
+        lora_dropout=config.lora.dropout,
+        target_modules=config.lora.target_modules,
         bias="none",
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         peft_model = get_peft_model(model, lora, adapter_name=ADAPTER_NAME)
     peft_model.eval()  # peft builds its dropout layers in training mode; the trainer switches them on
-    if config.activation_checkpointing:
+    if config.optim.activation_checkpointing:
         checkpoint_layers(peft_model)
     for name, param in peft_model.named_parameters():
         if param.requires_grad:

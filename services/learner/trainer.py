@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
+from services.common.training import TrainSettings
 from services.learner.batch import ModelSpec, PolicyBatch, PreparedTrajectory, collate
-from services.learner.config import LearnerRunConfig
 from services.learner.distributed import DistContext, all_reduce
 from services.learner.image_features import ImageFeatureCache
 from services.learner.loss import aggregation_weights, policy_loss
@@ -98,10 +98,10 @@ def set_lora_dropout(model: Any, training: bool) -> None:
             module.train(training)
 
 
-def _batches(minibatch: MiniBatch, config: LearnerRunConfig, spec: ModelSpec) -> list[PolicyBatch]:
+def _batches(minibatch: MiniBatch, config: TrainSettings, spec: ModelSpec) -> list[PolicyBatch]:
     return [
         collate(chunk, spec.pad_token_id, spec.image_token_id)
-        for chunk in micro_batches(minibatch.items, config.micro_batch_size)
+        for chunk in micro_batches(minibatch.items, config.optim.micro_batch_size)
     ]
 
 
@@ -111,14 +111,14 @@ def _old_logprobs(model: Any, batches: list[PolicyBatch], device: torch.device) 
 
 
 def old_policy_logprobs(
-    model: Any, chunked: list[list[PolicyBatch]], config: LearnerRunConfig, device: torch.device
+    model: Any, chunked: list[list[PolicyBatch]], config: TrainSettings, device: torch.device
 ) -> list[list[torch.Tensor] | None]:
     """Per mini-batch, the old policy's log-probs of each micro-batch, or None where the
     mini-batch's own forward gives them (the first one, before any update, when it is trained on
     only once)."""
-    if config.old_logprobs == "rollout":
+    if config.loss.old_logprobs == "rollout":
         return [[batch.rollout_logprobs.to(device) for batch in batches] for batches in chunked]
-    first = None if config.num_epochs == 1 else _old_logprobs(model, chunked[0], device)
+    first = None if config.optim.epochs == 1 else _old_logprobs(model, chunked[0], device)
     return [first, *(_old_logprobs(model, batches, device) for batches in chunked[1:])]
 
 
@@ -127,7 +127,7 @@ def _accumulate_gradients(
     batches: list[PolicyBatch],
     totals: BatchTotals,
     old: list[torch.Tensor] | None,
-    config: LearnerRunConfig,
+    config: TrainSettings,
     ctx: DistContext,
     check: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,7 +138,7 @@ def _accumulate_gradients(
     max_abs_diff = torch.zeros((), dtype=torch.float64, device=device)
     for index, batch in enumerate(batches):
         mask = (batch.loss_mask * batch.weights[:, None]).to(device)
-        ref = reference_logprobs(model, batch, device) if config.kl_coef > 0 else None
+        ref = reference_logprobs(model, batch, device) if config.loss.kl_coef > 0 else None
         if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter once, at the end
             model.set_requires_gradient_sync(index == len(batches) - 1)
         logprobs, entropy = token_logprobs(model, batch, device)
@@ -149,21 +149,21 @@ def _accumulate_gradients(
             logprobs,
             old_logprobs,
             batch.advantages.to(device),
-            clip_low=config.clip_low,
-            clip_high=config.clip_high,
+            clip_low=config.loss.clip_low,
+            clip_high=config.loss.clip_high,
             rollout_logprobs=rollout,
-            tis_cap=config.tis_cap,
+            tis_cap=config.loss.tis_cap,
             ref_logprobs=ref,
-            kl_coef=config.kl_coef,
+            kl_coef=config.loss.kl_coef,
         )
         weights = aggregation_weights(
-            mask, config.loss_agg, totals.num_generated_tokens, totals.num_trajectories
+            mask, config.loss.loss_agg, totals.num_generated_tokens, totals.num_trajectories
         )
         loss = (weights * terms.total).sum()
         (loss * ctx.world_size).backward()
         with torch.no_grad():
             # The learner's log-probs before any update of this TrainStep (module docstring).
-            before = old_logprobs if config.old_logprobs == "learner" else logprobs.detach()
+            before = old_logprobs if config.loss.old_logprobs == "learner" else logprobs.detach()
             checked = mask if check else torch.zeros_like(mask)
             abs_diff = (before - rollout).abs() * checked
             sums += torch.stack(
@@ -184,11 +184,11 @@ def _accumulate_gradients(
 
 
 def _optimizer_step(
-    model: Any, optimizer: torch.optim.Optimizer, config: LearnerRunConfig, step: int, loss: float
+    model: Any, optimizer: torch.optim.Optimizer, config: TrainSettings, step: int, loss: float
 ) -> tuple[float, bool]:
     """Clips, then steps unless the loss or the gradient is not finite; returns (grad norm, skipped)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    grad_norm_t = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm, foreach=False)
+    grad_norm_t = torch.nn.utils.clip_grad_norm_(params, config.optim.max_grad_norm, foreach=False)
     if hasattr(grad_norm_t, "full_tensor"):  # a DTensor under FSDP2: the same value on every rank
         grad_norm_t = grad_norm_t.full_tensor()
     grad_norm = float(grad_norm_t)
@@ -204,13 +204,13 @@ def train_step(
     model: Any,
     optimizer: torch.optim.Optimizer,
     minibatches: Sequence[MiniBatch],
-    config: LearnerRunConfig,
+    config: TrainSettings,
     step: int,
     spec: ModelSpec,
     ctx: DistContext,
     images: ImageFeatureCache | None = None,
 ) -> StepOutcome:
-    """One optimiser step per mini-batch in each of `config.num_epochs` passes over them, starting
+    """One optimiser step per mini-batch in each of `config.optim.epochs` passes over them, starting
     at optimiser step `step`. Every rank holds the same number of items per mini-batch (padding
     copies have weight 0). With `images`, the frozen vision tower runs once per distinct frame of
     the step, before any update. Collective."""
@@ -230,13 +230,13 @@ def train_step(
     losses, pg_losses, kls, grad_norms, num_skipped = [], [], [], [], 0
     passes = [
         (index, minibatch, batches)
-        for _ in range(config.num_epochs)
+        for _ in range(config.optim.epochs)
         for index, (minibatch, batches) in enumerate(zip(minibatches, chunked, strict=True))
     ]
     set_lora_dropout(model, True)
     try:
         for offset, (index, minibatch, batches) in enumerate(passes):
-            check = offset == 0 or (config.old_logprobs == "learner" and offset < len(minibatches))
+            check = offset == 0 or (config.loss.old_logprobs == "learner" and offset < len(minibatches))
             sums, max_diff = _accumulate_gradients(
                 model, batches, minibatch.totals, old[index], config, ctx, check
             )
@@ -273,8 +273,8 @@ def train_step(
         "train/skipped_steps": float(num_skipped),
         **image_metrics,
     }
-    if config.kl_coef > 0:
+    if config.loss.kl_coef > 0:
         metrics["train/kl"] = statistics.fmean(kls)
-    if config.tis_cap is not None:
+    if config.loss.tis_cap is not None:
         metrics["train/tis_weight_mean"] = total["is_weight"] / generated
     return StepOutcome(metrics=metrics, skipped=num_skipped > 0, num_steps=len(passes))

@@ -7,7 +7,7 @@ import pytest
 from mmrl.v1 import env_pb2_grpc
 from services.common.grpc_server import start_server
 from services.common.procs import free_port, start_redis, stop_process
-from services.coordinator.clients import CallPolicy, EnvClient, Services
+from services.coordinator.clients import CallPolicy, EnvClient, Rollouts, Services
 from services.env.config import EnvConfig
 from services.env.environment import MazeEnv
 from services.env.servicer import SERVICE_NAME, EnvServicer
@@ -41,6 +41,6 @@ async def env_services() -> AsyncIterator[Services]:
         lambda server: env_pb2_grpc.add_EnvServiceServicer_to_server(servicer, server), SERVICE_NAME, "127.0.0.1:0"
     )
     env = EnvClient(f"127.0.0.1:{running.port}", CallPolicy(retries=0))
-    yield Services(env=env, rollouts=[], learner=None)  # type: ignore[arg-type]
+    yield Services(env=env, rollouts=Rollouts([]), learner=None)  # type: ignore[arg-type]
     await env.close()
     await running.stop(grace_s=0)

@@ -22,7 +22,7 @@ async def test_a_replica_that_loaded_other_adapter_bytes_than_were_published_is_
 
     monkeypatch.setattr(client, "call", call)
     try:
-        assert (await client.load_adapter("r", 3, "runs/r/adapters/v000003", "aa")).manifest_sha256 == "aa"
+        await client.load_adapter("r", 3, "runs/r/adapters/v000003", "aa")  # as published: no error
         with pytest.raises(ServiceError, match="published with manifest sha256 aa, the replica loaded bb"):
             await client.load_adapter("r", 3, "runs/r/adapters/v000003", "aa")
         with pytest.raises(ServiceError, match="asked for version 3, replica confirmed 2"):

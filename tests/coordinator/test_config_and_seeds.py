@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from services.common.maze import TRAIN_SEED_LIMIT
 from services.coordinator.config import EnvSettings, RunConfig, load_run_config
-from services.coordinator.runloop import (
-    TRAIN_SEED_LIMIT,
+from services.coordinator.tasks import (
     ConfigRefused,
     require_action_budget,
     spec_layouts,
@@ -85,7 +85,7 @@ def test_async_rollout_is_refused_with_a_colocated_engine() -> None:
     with pytest.raises(ValidationError, match="async_rollout"):
         RunConfig.model_validate({"model": "m", "colocated": True, "grpo": {"async_rollout": True}})
     with pytest.raises(ValidationError, match="old_logprobs"):
-        RunConfig.model_validate({"model": "m", "grpo": {"async_rollout": True, "old_logprobs": "rollout"}})
+        RunConfig.model_validate({"model": "m", "grpo": {"async_rollout": True}, "loss": {"old_logprobs": "rollout"}})
     assert RunConfig.model_validate({"model": "m", "grpo": {"async_rollout": True}}).grpo.async_rollout
 
 
@@ -96,13 +96,12 @@ def test_greedy_episodes_must_leave_sampled_ones_in_a_group() -> None:
 
 
 def test_a_cosine_schedule_decays_over_the_runs_optimiser_steps() -> None:
-    from services.learner.config import LearnerRunConfig
     from services.learner.optim import learning_rate_at
 
     run = load_run_config(ROOT / "configs" / "maze-tiny-cpu.yaml", {
         "steps": 10, "optim.num_minibatches": 4, "optim.warmup_steps": 2, "optim.learning_rate": 0.002,
         "optim.lr_schedule": "cosine", "optim.min_lr_ratio": 0.1})
-    learner = LearnerRunConfig.model_validate(run.learner_config())
+    learner = run.train_settings()
     assert learner.total_steps == 40
     assert learning_rate_at(2, learner) == pytest.approx(0.002)
     assert 0.0002 < learning_rate_at(39, learner) < 0.00021  # the run's last optimiser step
@@ -113,8 +112,8 @@ def test_a_cosine_schedule_decays_over_the_runs_optimiser_steps() -> None:
     # PPO epochs: every pass over the batch takes its own optimiser steps.
     run = load_run_config(ROOT / "configs" / "maze-tiny-cpu.yaml", {
         "steps": 10, "optim.num_minibatches": 4, "optim.epochs": 2, "optim.lr_schedule": "cosine"})
-    learner = LearnerRunConfig.model_validate(run.learner_config())
-    assert (learner.num_epochs, learner.total_steps) == (2, 80)
+    learner = run.train_settings()
+    assert (learner.optim.epochs, learner.total_steps) == (2, 80)
     assert load_run_config(ROOT / "configs" / "maze-tiny-cpu.yaml", {
         "steps": 1, "optim.num_minibatches": 1, "optim.epochs": 3, "optim.warmup_steps": 2,
         "optim.lr_schedule": "cosine"}).optim.steps_per_train_step == 3
@@ -154,11 +153,16 @@ def test_step_seeds_skip_the_layouts_they_are_told_to() -> None:
 
 
 def test_sampling_seeds_past_int64_fit_the_rollout_request_and_run_seeds_are_bounded() -> None:
-    from services.coordinator.episodes import Sampling, _sampling_proto
+    from services.coordinator.clients import _generation_request
+    from services.coordinator.wire import Prompt, SamplingParams
+
+    def wire_seed(seed: int) -> int:
+        sampling = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=4, stop_token_ids=[], seed=seed)
+        return _generation_request(Prompt([1], [], sampling, "", 0)).sampling.seed
 
     # Seeds derived from a large run seed (run seed x 100,003 x 1,000,003 + ...) pass 2**63.
-    assert _sampling_proto(Sampling(1.0, 1.0, 4), 2**70 + 5, []).seed == (2**70 + 5) % 2**63
-    assert _sampling_proto(Sampling(1.0, 1.0, 4), 12345, []).seed == 12345
+    assert wire_seed(2**70 + 5) == (2**70 + 5) % 2**63
+    assert wire_seed(12345) == 12345
     assert RunConfig(model="m", seed=2**31 - 1).seed == 2**31 - 1
     with pytest.raises(ValidationError):
         RunConfig(model="m", seed=2**31)
@@ -222,7 +226,7 @@ def test_hindsight_replays_are_refused_where_the_env_requires_stop() -> None:
 
 def test_a_size_whose_layouts_are_all_kept_from_training_is_refused_not_looped_on() -> None:
     from services.common.maze import is_eval_layout, layout_key
-    from services.coordinator.runloop import ConfigRefused
+    from services.coordinator.tasks import ConfigRefused
 
     training = frozenset(k for k in {layout_key(s, 5) for s in range(200)} if not is_eval_layout(k))
     assert len(training) == 2  # a 2x2-cell maze has 4 layouts; 2 are reserved for eval sets

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from mmrl.v1 import env_pb2
 from services.coordinator import runloop
 from services.coordinator.config import RunConfig
 from services.coordinator.episodes import EpisodeResult, Sampling
+from services.coordinator.wire import TaskSpec
 
 
 def _step(
@@ -24,7 +24,7 @@ def _step(
     per_round: list[int] = []
     expected_greedy = grpo.get("greedy_per_group", 0)
 
-    async def play(_services: Any, _tok: Any, _chat: Any, specs: list[env_pb2.EpisodeSpec], *,
+    async def play(_services: Any, _tok: Any, _chat: Any, specs: list[TaskSpec], *,
                    samples_per_spec: int, greedy_per_spec: int, **_: Any) -> list[EpisodeResult]:
         assert greedy_per_spec == expected_greedy
         per_round.append(len(specs))

@@ -1,73 +1,86 @@
-"""Playing episodes (`episodes.play_episodes`) on a real env service with a stand-in rollout engine:
-which sampling each episode of a group is played with, and which turns the env could not read."""
+"""Playing episodes (`episodes.play_episodes`) on a real env service with stand-in rollout replicas:
+which sampling each episode of a group is played with, which turns the env could not read, and
+which replica serves each episode."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
-
-from mmrl.v1 import env_pb2, rollout_pb2
 from services.common.conversation import expand_image_placeholders
-from services.coordinator.clients import Services
+from services.coordinator.clients import Rollouts, Services
 from services.coordinator.episodes import Sampling, Timers, play_episodes
+from services.coordinator.wire import Generation, Prompt, TaskSpec
 from tests.coordinator.chat import CHAT, CharTokenizer
 
 
 class RecordingRollout:
-    """Answers every request of turn t with `answers[t]` (the last one after that; "right" by
-    default) and records the sampling each request asked for."""
+    """A replica that answers every prompt of its t-th call with `answers[t]` (the last one after
+    that; "right" by default) and records the prompts it was sent, call by call."""
 
     def __init__(self, answers: tuple[str, ...] = ("right",)) -> None:
-        self.requests: list[rollout_pb2.GenerationRequest] = []
-        self.stub = SimpleNamespace(Generate=self._generate)
-        self.answers, self.turn = answers, 0
+        self.calls: list[list[Prompt]] = []
+        self.answers = answers
 
-    async def call(self, _method: str, rpc: Any, request: Any, timeout_s: float | None = None) -> Any:
-        return await rpc(request)
+    @property
+    def prompts(self) -> list[Prompt]:
+        return [p for call in self.calls for p in call]
 
-    async def _generate(self, request: rollout_pb2.GenerateRequest) -> rollout_pb2.GenerateResponse:
-        self.requests += request.requests
-        text = self.answers[min(self.turn, len(self.answers) - 1)]
-        self.turn += 1
+    async def generate(self, prompts: list[Prompt]) -> list[Generation]:
+        text = self.answers[min(len(self.calls), len(self.answers) - 1)]
+        self.calls.append(list(prompts))
         tokens = [*CharTokenizer().encode(text), CHAT.im_end]
-        return rollout_pb2.GenerateResponse(results=[
-            rollout_pb2.GenerationResult(
-                prompt_token_ids=expand_image_placeholders(list(r.prompt_token_ids), CHAT.image_pad,
-                                                           [3] * len(r.images)),
-                adapter_version=r.adapter_version,
-                completions=[rollout_pb2.Completion(token_ids=tokens, logprobs=[-0.1] * len(tokens), text=text)],
-            )
-            for r in request.requests
-        ])
+        return [Generation(prompt_token_ids=expand_image_placeholders(p.token_ids, CHAT.image_pad,
+                                                                      [3] * len(p.images)),
+                           token_ids=tokens, logprobs=[-0.1] * len(tokens), text=text,
+                           adapter_version=p.adapter_version)
+                for p in prompts]
+
+
+def _services(env_services: Services, *replicas: RecordingRollout) -> Services:
+    return Services(env=env_services.env, rollouts=Rollouts(replicas), learner=None)  # type: ignore[arg-type]
 
 
 async def test_the_first_episodes_of_each_group_are_played_greedily(env_services: Services) -> None:
     rollout = RecordingRollout()
-    services = Services(env=env_services.env, rollouts=[rollout], learner=None)  # type: ignore[list-item, arg-type]
-    specs = [env_pb2.EpisodeSpec(seed=seed, max_moves=2) for seed in (11, 12)]
+    specs = [TaskSpec(seed=seed, max_moves=2) for seed in (11, 12)]
     episodes = await play_episodes(
-        services, CharTokenizer(), CHAT, specs, samples_per_spec=4, sampling=Sampling(0.5, 0.75, 4),
-        run_id="r", adapter_version=0, system_prompt="", max_turns=2, seed=5, timers=Timers(),
-        greedy_per_spec=1,
+        _services(env_services, rollout), CharTokenizer(), CHAT, specs, samples_per_spec=4,
+        sampling=Sampling(0.5, 0.75, 4), run_id="r", adapter_version=0, system_prompt="", max_turns=2, seed=5,
+        timers=Timers(), greedy_per_spec=1,
     )
     assert [e.group_index for e in episodes] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert all(e.actions == ["right", "right"] for e in episodes)
     # Two turns of 8 episodes; in each turn, episodes 0 and 4 (the first of each group) are greedy.
-    assert len(rollout.requests) == 16
+    assert len(rollout.prompts) == 16
     for turn in range(2):
-        asked = [(r.sampling.temperature, r.sampling.top_p) for r in rollout.requests[turn * 8:(turn + 1) * 8]]
+        asked = [(p.sampling.temperature, p.sampling.top_p) for p in rollout.calls[turn]]
         greedy, sampled = (0.0, 1.0), (0.5, 0.75)
         assert asked == [greedy, sampled, sampled, sampled] * 2, asked
-    assert {r.sampling.max_tokens for r in rollout.requests} == {4}
+    assert {p.sampling.max_tokens for p in rollout.prompts} == {4}
 
 
 async def test_each_turn_records_whether_the_env_could_read_its_action(env_services: Services) -> None:
     rollout = RecordingRollout(answers=("downright", "right", "down"))
-    services = Services(env=env_services.env, rollouts=[rollout], learner=None)  # type: ignore[list-item, arg-type]
     episodes = await play_episodes(
-        services, CharTokenizer(), CHAT, [env_pb2.EpisodeSpec(seed=11, max_moves=3)], samples_per_spec=2,
-        sampling=Sampling(1.0, 1.0, 4), run_id="r", adapter_version=0, system_prompt="", max_turns=3, seed=5,
-        timers=Timers(),
+        _services(env_services, rollout), CharTokenizer(), CHAT, [TaskSpec(seed=11, max_moves=3)],
+        samples_per_spec=2, sampling=Sampling(1.0, 1.0, 4), run_id="r", adapter_version=0, system_prompt="",
+        max_turns=3, seed=5, timers=Timers(),
     )
     assert [e.actions for e in episodes] == [["downright", "right", "down"]] * 2
     assert [e.invalid_turns for e in episodes] == [[True, False, False]] * 2
+
+
+async def test_every_turn_of_an_episode_goes_to_the_replica_of_its_first_turn(env_services: Services) -> None:
+    # "stop" ends an episode at once; episodes that stop early shift the positions of the others in
+    # the batch, which must not move them to another replica (its prefix cache holds their turns).
+    first, second = RecordingRollout(("right", "stop", "down")), RecordingRollout(("left", "left", "stop"))
+    services = _services(env_services, first, second)
+    episodes = await play_episodes(
+        services, CharTokenizer(), CHAT, [TaskSpec(seed=s, max_moves=5) for s in (11, 12, 13)],
+        samples_per_spec=2, sampling=Sampling(1.0, 1.0, 4), run_id="r", adapter_version=0, system_prompt="",
+        max_turns=5, seed=5, timers=Timers(),
+    )
+    # Each replica's first call holds half the episodes; every later call holds only those.
+    assert [len(call) for call in first.calls][0] == [len(call) for call in second.calls][0] == 3
+    assert len(first.calls) == 2 and len(second.calls) == 3  # first's episodes stopped at their 2nd turn
+    assert all(len(call) == 3 for call in second.calls)
+    assert [e.actions for e in episodes[0::2]] == [["right", "stop"]] * 3
+    assert [e.actions for e in episodes[1::2]] == [["left", "left", "stop"]] * 3

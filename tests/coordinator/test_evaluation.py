@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from mmrl.v1 import env_pb2
 from services.coordinator.episodes import EpisodeResult
 from services.coordinator.evaluation import mean_moves_over_optimal, pass_rate, solve_rate
+from services.coordinator.wire import TaskSpec
 
 
 def _episode(group: int, solved: bool, moves: int = 6, optimal: int = 6) -> EpisodeResult:
-    return EpisodeResult(spec=env_pb2.EpisodeSpec(seed=group), group_index=group, conversation=None,  # type: ignore[arg-type]
+    return EpisodeResult(spec=TaskSpec(seed=group), group_index=group, conversation=None,  # type: ignore[arg-type]
                          reward=1.0 if solved else 0.0,
                          info={"solved": solved, "moves": moves, "optimal_moves": optimal})
 
@@ -40,7 +40,7 @@ def test_moves_over_optimal_counts_solved_episodes_only() -> None:
 def test_an_eval_plays_its_mazes_own_move_budgets_not_the_runs_turn_cap() -> None:
     from services.coordinator.evaluation import eval_turn_limit
 
-    hard = [env_pb2.EpisodeSpec(seed=1, max_moves=32), env_pb2.EpisodeSpec(seed=2, max_moves=20)]
+    hard = [TaskSpec(seed=1, max_moves=32), TaskSpec(seed=2, max_moves=20)]
     assert eval_turn_limit(hard, default=20) == 32  # a run of env.max_moves 20 cut these at 20
-    assert eval_turn_limit([env_pb2.EpisodeSpec(seed=1)], default=20) == 20
+    assert eval_turn_limit([TaskSpec(seed=1)], default=20) == 20
     assert eval_turn_limit([], default=20) == 20

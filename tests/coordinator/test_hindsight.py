@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from mmrl.v1 import env_pb2
 from services.common.conversation import TokenConversation, expand_image_placeholders
 from services.common.maze import DIRECTIONS, generate_maze, solve
 from services.common.trajectory import Trajectory
-from services.coordinator import hindsight, runloop
+from services.coordinator import hindsight, trajectories
 from services.coordinator.clients import Services
 from services.coordinator.config import Replayed
 from services.coordinator.episodes import EpisodeResult, Timers, observation_key
+from services.coordinator.wire import TaskSpec
 from tests.coordinator.chat import CHAT, CharTokenizer
 
 TOKENS_PER_IMAGE = 3
@@ -22,7 +22,7 @@ OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
 def _keyed(keys: list[str], final: str, *, solved: bool = False, position: tuple[int, int] = (1, 1),
            seed: int = 1, actions: list[str] | None = None) -> EpisodeResult:
     """An episode that acted from observations `keys` and ended on `final`."""
-    return EpisodeResult(spec=env_pb2.EpisodeSpec(seed=seed, max_moves=20), group_index=0,
+    return EpisodeResult(spec=TaskSpec(seed=seed, max_moves=20), group_index=0,
                          conversation=TokenConversation(CHAT), actions=actions or ["up"] * len(keys),
                          reward=float(solved), info={"solved": solved, "position": list(position)},
                          observation_keys=keys, final_observation_key=final)
@@ -104,38 +104,35 @@ def test_interleave_spreads_the_extra_trajectories_over_the_minibatches() -> Non
 
     main = [traj(f"m{i}") for i in range(8)]
     extra = [traj(f"h{i}") for i in range(4)]
-    merged = [t.trajectory_id for t in runloop.interleave(main, extra)]
+    merged = [t.trajectory_id for t in trajectories.interleave(main, extra)]
     assert [n for n in merged if n.startswith("m")] == [f"m{i}" for i in range(8)]
     assert [n for n in merged if n.startswith("h")] == [f"h{i}" for i in range(4)]
     # Four contiguous mini-batches of three: one relabelled episode in each.
     assert [sum(n.startswith("h") for n in merged[k:k + 3]) for k in range(0, 12, 3)] == [1, 1, 1, 1]
-    assert runloop.interleave(main, []) == main
+    assert trajectories.interleave(main, []) == main
 
 
-async def _play(services: Services, spec: env_pb2.EpisodeSpec, actions: list[str]) -> EpisodeResult:
+async def _play(services: Services, spec: TaskSpec, actions: list[str]) -> EpisodeResult:
     """Plays `actions` on the env service as the coordinator does, a stand-in engine generating each
     action's characters and <|im_end|>."""
     tokenizer = CharTokenizer()
-    created = await services.env.stub.CreateEpisodes(env_pb2.CreateEpisodesRequest(specs=[spec]))
-    state = created.episodes[0]
+    (state,) = await services.env.create_episodes([spec])
     conv = TokenConversation(CHAT)
-    frames = [img.data for img in state.observation.images]
-    conv.add_observation(tokenizer, state.observation.text, frames)
+    frames = state.images
+    conv.add_observation(tokenizer, state.text, frames)
     episode = EpisodeResult(spec=spec, group_index=0, conversation=conv, observation_keys=[observation_key(frames)])
     for action in actions:
         expanded = expand_image_placeholders(conv.compact_ids, CHAT.image_pad, [TOKENS_PER_IMAGE] * len(conv.images))
         conv.add_generation(expanded, [*tokenizer.encode(action), CHAT.im_end], [-0.1] * (len(action) + 1))
         episode.actions.append(action)
-        stepped = await services.env.stub.Step(env_pb2.StepRequest(
-            actions=[env_pb2.EpisodeAction(episode_id=state.episode_id, action=action)]))
-        state = stepped.episodes[0]
+        (state,) = await services.env.step([(state.episode_id, action)])
         episode.reward = state.reward
         episode.info = {"solved": state.info["solved"], "position": list(state.info["position"])}
-        frames = [img.data for img in state.observation.images]
+        frames = state.images
         if state.done:
             episode.final_observation_key = observation_key(frames)
             break
-        conv.add_observation(tokenizer, state.observation.text, frames)
+        conv.add_observation(tokenizer, state.text, frames)
         episode.observation_keys.append(observation_key(frames))
     return episode
 
@@ -149,7 +146,7 @@ async def test_replay_plays_the_way_again_with_the_end_as_the_goal(env_services:
     bump = next(d for d in DIRECTIONS if not maze.can_move(here, d))  # type: ignore[arg-type]
     # Two optimal moves, back and forth, a wall bump, the third optimal move: out of moves, unsolved.
     actions = [first, second, OPPOSITE[second], second, bump, third]
-    episode = await _play(env_services, env_pb2.EpisodeSpec(seed=3, max_moves=6), actions)
+    episode = await _play(env_services, TaskSpec(seed=3, max_moves=6), actions)
     assert episode.info["solved"] is False and episode.final_observation_key
 
     found = hindsight.relabel(episode)
@@ -167,9 +164,8 @@ async def test_replay_plays_the_way_again_with_the_end_as_the_goal(env_services:
     assert generated == [[*CharTokenizer().encode(a), CHAT.im_end] for a in (first, second, third)]
     assert conv.record_ids.count(CHAT.image_pad) == 3 * TOKENS_PER_IMAGE
     # The frames are the environment's with the goal where the episode ended.
-    created = await env_services.env.stub.CreateEpisodes(env_pb2.CreateEpisodesRequest(
-        specs=[env_pb2.EpisodeSpec(seed=3, max_moves=6, options=found.options)]))
-    assert conv.images[0] == created.episodes[0].observation.images[0].data
+    (created,) = await env_services.env.create_episodes([TaskSpec(seed=3, max_moves=6, options=found.options)])
+    assert conv.images[0] == created.images[0]
     assert conv.images[0] != episode.conversation.images[0]
 
     (traj,) = hindsight.to_trajectories(convs, 1.5, step=7, adapter_version=2)
@@ -182,7 +178,7 @@ async def test_replay_plays_the_way_again_with_the_end_as_the_goal(env_services:
 async def test_a_replay_that_does_not_reach_its_goal_is_left_out(env_services: Services) -> None:
     maze = generate_maze(3, 9)
     way = solve(maze)
-    episode = await _play(env_services, env_pb2.EpisodeSpec(seed=3, max_moves=3), way[:3])
+    episode = await _play(env_services, TaskSpec(seed=3, max_moves=3), way[:3])
     found = hindsight.relabel(episode)
     assert found is not None and found.turns == (0, 1, 2)
     short = hindsight.Relabel(episode=found.episode, options=found.options, turns=found.turns[:2])
@@ -198,7 +194,7 @@ async def test_a_solved_episode_is_replayed_to_its_own_goal_without_its_detour(e
     bump = next(d for d in DIRECTIONS if not maze.can_move(here, d))  # type: ignore[arg-type]
     # The first move, a wall bump, the second move and back, then the whole way: solved.
     actions = [way[0], bump, way[1], OPPOSITE[way[1]], *way[1:]]
-    episode = await _play(env_services, env_pb2.EpisodeSpec(seed=3, max_moves=20), actions)
+    episode = await _play(env_services, TaskSpec(seed=3, max_moves=20), actions)
     assert episode.info["solved"] is True
 
     found = hindsight.relabel(episode)

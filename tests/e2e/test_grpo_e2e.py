@@ -110,7 +110,7 @@ def test_a_short_grpo_run_publishes_loads_and_records_everything(stack: Stack, t
 def test_async_rollout_samples_the_next_step_with_the_version_before(stack: Stack, tiny_model_dir: Path) -> None:
     api = stack.client()
     run_id = api.start(_config(tiny_model_dir, steps=4, **{
-        "grpo.async_rollout": True, "grpo.tis_cap": 2.0, "grpo.old_logprobs": "learner",
+        "grpo.async_rollout": True, "loss.tis_cap": 2.0, "loss.old_logprobs": "learner",
         "grpo.hindsight_advantage": 1.0, "grpo.hindsight_max_episodes": 2}))["id"]
     run = _wait(api, run_id, lambda r: r["state"] == "succeeded")
     assert run["step"] == 4

@@ -3,7 +3,6 @@ single rank, and checkpoints that resume across world sizes."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ from services.learner.config import LearnerSettings
 from services.learner.main import main, parser, torchrun_command
 from services.learner.publish import ADAPTER_WEIGHTS, peft_key
 from tests.learner.conftest import adapter_weights
+from tests.learner.settings import train_json
 
 # A large Adam epsilon keeps updates proportional to the gradients (see test_trainer).
 # Two mini-batches per TrainStep (2 + 3 trajectories) exercise sharding, padding and off-policy steps.
@@ -108,7 +108,7 @@ async def test_two_fsdp_ranks_give_the_steps_of_one_rank_and_their_checkpoint_re
                 # Activation checkpointing under FSDP2 (recomputed blocks gather their shards again)
                 # changes nothing in the steps: the single rank below runs without it.
                 learner_pb2.ConfigureRunRequest(
-                    run_id="run", config_json=json.dumps({**CONFIG, "activation_checkpointing": True}))
+                    run_id="run", config_json=train_json(**CONFIG, activation_checkpointing=True))
             )
             request = learner_pb2.TrainStepRequest(run_id="run", trajectories=[t.to_proto() for t in batch])
             two_rank = [dict((await stub.TrainStep(request)).metrics) for _ in range(2)]
@@ -119,7 +119,7 @@ async def test_two_fsdp_ranks_give_the_steps_of_one_rank_and_their_checkpoint_re
         stop_learner_process(process)  # SIGTERM to torchrun and its ranks
 
     one = make_driver(tmp_path / "one-rank")
-    one.configure("run", json.dumps(CONFIG))
+    one.configure("run", train_json(**CONFIG))
     one_rank = [one.train_step("run", batch).metrics for _ in range(2)]
     for step_two, step_one in zip(two_rank, one_rank, strict=True):
         for key in COMPARED:
@@ -133,7 +133,7 @@ async def test_two_fsdp_ranks_give_the_steps_of_one_rank_and_their_checkpoint_re
     # The two-rank checkpoint, restored by a single rank, continues like the uninterrupted run.
     expected = one.train_step("run", batch).metrics
     resumed = make_driver(two_root)
-    state = resumed.configure("run", json.dumps(CONFIG))
+    state = resumed.configure("run", train_json(**CONFIG))
     assert (state.step, state.restored_from, state.adapter_version) == (4, checkpoint.path, 1)
     got = resumed.train_step("run", batch).metrics
     for key in COMPARED:

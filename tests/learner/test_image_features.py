@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,18 +10,19 @@ from typing import Any
 import pytest
 import torch
 
+from services.common.training import TrainSettings
 from services.common.trajectory import Trajectory
 from services.learner.batch import FrameProcessor, ModelSpec, PolicyBatch, collate, prepare_batch
-from services.learner.config import LearnerRunConfig
 from services.learner.image_features import ImageFeatureCache, usable
 from services.learner.policy import add_lora, load_base_model, load_processor, token_logprobs
 from services.learner.trainer import micro_batches
 from tests.learner.conftest import adapter_weights
+from tests.learner.settings import train_json
 
 
 @pytest.fixture(scope="module")
 def lora_model(tiny_model_dir: Path) -> Any:
-    return add_lora(load_base_model(tiny_model_dir), LearnerRunConfig())
+    return add_lora(load_base_model(tiny_model_dir), TrainSettings())
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_a_trainable_vision_tower_or_a_sharded_model_turns_the_cache_off(
 ) -> None:
     assert usable(lora_model, sharded=False)
     assert not usable(lora_model, sharded=True)
-    model = add_lora(load_base_model(tiny_model_dir), LearnerRunConfig())
+    model = add_lora(load_base_model(tiny_model_dir), TrainSettings())
     model.get_parameter("base_model.model.model.visual.merger.linear_fc2.weight").requires_grad_(True)
     assert not usable(model, sharded=False)
 
@@ -123,7 +123,7 @@ def test_the_learner_trains_the_same_with_and_without_the_cache(
     results = []
     for image_cache_mb in (0, 64):
         driver = make_driver(image_cache_mb=image_cache_mb)
-        driver.configure("run", json.dumps({"learning_rate": 0.01, "micro_batch_size": 4}))
+        driver.configure("run", train_json(learning_rate=0.01, micro_batch_size=4))
         metrics = [driver.train_step("run", trajectories).metrics for _ in range(2)]
         results.append((driver, metrics, adapter_weights(driver)))
     (off, metrics_off, weights_off), (on, metrics_on, weights_on) = results

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from services.learner.config import LearnerRunConfig
+from services.common.training import OptimSettings, TrainSettings
 from services.learner.loss import (
     aggregation_weights,
     clipped_surrogate,
@@ -132,10 +132,10 @@ def test_policy_loss_needs_rollout_logprobs_for_truncated_importance_sampling() 
 
 
 def test_learning_rate_warms_up_linearly_then_holds_or_follows_a_cosine() -> None:
-    constant = LearnerRunConfig(learning_rate=1.0, warmup_steps=3)
+    constant = TrainSettings(optim=OptimSettings(learning_rate=1.0, warmup_steps=3))
     assert [learning_rate_at(s, constant) for s in range(5)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0])
-    cosine = LearnerRunConfig(
-        learning_rate=1.0, warmup_steps=1, lr_schedule="cosine", total_steps=5, min_lr_ratio=0.1
+    cosine = TrainSettings(
+        optim=OptimSettings(learning_rate=1.0, warmup_steps=1, lr_schedule="cosine", min_lr_ratio=0.1), total_steps=5
     )
     rates = [learning_rate_at(s, cosine) for s in range(7)]
     assert rates[0] == pytest.approx(0.5)
@@ -145,13 +145,15 @@ def test_learning_rate_warms_up_linearly_then_holds_or_follows_a_cosine() -> Non
 
 
 def test_run_config_rejects_unknown_fields_and_out_of_range_values() -> None:
-    with pytest.raises(ValueError, match="lora_rnk"):
-        LearnerRunConfig.from_json('{"lora_rnk": 8}')
+    with pytest.raises(ValueError, match="rnk"):
+        TrainSettings.from_json('{"lora": {"rnk": 8}}')
     with pytest.raises(ValueError):
-        LearnerRunConfig.from_json('{"clip_low": 1.5}')
+        TrainSettings.from_json('{"loss": {"clip_low": 1.5}}')
+    with pytest.raises(ValueError, match="finite"):
+        TrainSettings.from_json('{"optim": {"max_grad_norm": Infinity}}')
     with pytest.raises(ValueError, match="total_steps"):
-        LearnerRunConfig(lr_schedule="cosine")
-    assert LearnerRunConfig.from_json("") == LearnerRunConfig()
+        TrainSettings(optim=OptimSettings(lr_schedule="cosine"))
+    assert TrainSettings.from_json("") == TrainSettings()
 
 
 @pytest.mark.parametrize(("mode", "expected_sign"), [("token_mean", -1.0), ("sequence_mean", 0.0)])

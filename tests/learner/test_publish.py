@@ -17,8 +17,9 @@ from services.common.trajectory import Trajectory
 from services.learner import publish
 from services.learner.batch import collate, prepare_batch
 from services.learner.policy import load_base_model, token_logprobs
+from tests.learner.settings import train_json
 
-CONFIG = json.dumps({"learning_rate": 0.05, "micro_batch_size": 6, "lora_rank": 8, "lora_alpha": 16})
+CONFIG = train_json(learning_rate=0.05, micro_batch_size=6, lora_rank=8, lora_alpha=16)
 
 
 def _trained(make_driver: Callable[..., Any], trajectories: list[Trajectory]) -> Any:

@@ -4,7 +4,6 @@ log-probs of the tokens it then generates in multi-turn image conversations matc
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from services.learner.synthetic import fake_generator, maze_frame, play_episodes
 from services.rollout.config import RolloutConfig
 from services.rollout.engine_vllm import VllmEngine
 from services.rollout.service import RolloutServer
+from tests.learner.settings import train_json
 
 pytest.importorskip("vllm")  # only vLLM may be missing: the project's own modules import above
 
@@ -102,7 +102,7 @@ async def test_the_rollout_service_loads_a_learner_adapter_whose_samples_the_lea
 ) -> None:
     stub, shared = rollout
     driver = make_driver(shared)
-    driver.configure("run", json.dumps({"learning_rate": 0.05, "micro_batch_size": 4}))
+    driver.configure("run", train_json(learning_rate=0.05, micro_batch_size=4))
     warm_up = play_episodes(
         fake_generator(ChatTokens.from_tokenizer(tokenizer), tokenizer, 25),
         tokenizer,

@@ -18,8 +18,9 @@ from services.common.grpc_server import channel, start_server
 from services.common.trajectory import Trajectory
 from services.learner.checkpoint import TRAINER_STATE, load_trainer_state
 from services.learner.servicer import SERVICE_NAME, LearnerServicer
+from tests.learner.settings import train_json
 
-CONFIG = json.dumps({"learning_rate": 0.01, "micro_batch_size": 4})
+CONFIG = train_json(learning_rate=0.01, micro_batch_size=4)
 
 
 class Learner:
@@ -86,7 +87,7 @@ async def test_calls_before_configure_run_or_for_another_run_are_failed_precondi
     ):
         code, message = await _code(call)
         assert code == grpc.StatusCode.FAILED_PRECONDITION and "'run'" in message
-    changed = json.dumps({"learning_rate": 0.5})
+    changed = train_json(learning_rate=0.5)
     code, _ = await _code(
         learner.stub.ConfigureRun(learner_pb2.ConfigureRunRequest(run_id="run", config_json=changed))
     )
@@ -95,13 +96,13 @@ async def test_calls_before_configure_run_or_for_another_run_are_failed_precondi
 
 async def test_bad_configs_and_run_ids_are_invalid_arguments(learner: Learner) -> None:
     cases = {
-        ("run", '{"lora_rank": 0}'): "lora_rank",
+        ("run", '{"lora": {"rank": 0}}'): "lora.rank",
         ("run", '{"nope": 1}'): "nope",
         ("run", "{"): "json",
         ("../x", "{}"): "run_id",
-        ("run", '{"lora_target_modules": "("}'): "not a regular expression",
-        ("run", '{"lora_target_modules": "nothing"}'): "matches no linear layer",
-        ("run", '{"lora_target_modules": ".*visual.*"}'): "vision-tower",
+        ("run", '{"lora": {"target_modules": "("}}'): "not a regular expression",
+        ("run", '{"lora": {"target_modules": "nothing"}}'): "matches no linear layer",
+        ("run", '{"lora": {"target_modules": ".*visual.*"}}'): "vision-tower",
     }
     for (run_id, config), expected in cases.items():
         code, message = await _code(
@@ -202,7 +203,7 @@ async def test_train_publish_checkpoint_and_a_restarted_learner_continues_the_ru
         third = await restarted.stub.PublishAdapter(learner_pb2.PublishAdapterRequest(run_id="run"))
         assert third.version == 3
         assert (
-            json.loads((storage.run_dir(shared, "run") / "learner_config.json").read_text())["learning_rate"]
+            json.loads((storage.run_dir(shared, "run") / "learner_config.json").read_text())["optim"]["learning_rate"]
             == 0.01
         )
     finally:
@@ -246,7 +247,7 @@ async def test_a_checkpoint_counts_train_steps_apart_from_optimiser_steps(
     """With several mini-batches per TrainStep the optimiser step count runs ahead of the GRPO step
     count; a resumed run must restart from the GRPO step (found: a coordinator restarted at step 8
     of a 5-step run with `num_minibatches: 4`)."""
-    config = json.dumps({"learning_rate": 0.01, "micro_batch_size": 4, "num_minibatches": 2})
+    config = train_json(learning_rate=0.01, micro_batch_size=4, num_minibatches=2)
     await learner.stub.ConfigureRun(learner_pb2.ConfigureRunRequest(run_id="run", config_json=config))
     for _ in range(2):
         await learner.stub.TrainStep(_train("run", trajectories[:4]))

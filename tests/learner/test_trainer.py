@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -17,13 +16,14 @@ from services.common.trajectory import Trajectory
 from services.learner.batch import collate, prepare_batch
 from services.learner.policy import load_base_model, token_logprobs
 from tests.learner.conftest import adapter_weights, base_weights
+from tests.learner.settings import train_json
 
 FAST = {"learning_rate": 0.01, "micro_batch_size": 4}
 
 
 def _configure(make_driver: Callable[..., Any], run_id: str = "run", **config: Any) -> Any:
     driver = make_driver()
-    driver.configure(run_id, json.dumps({**FAST, **config}))
+    driver.configure(run_id, train_json(**{**FAST, **config}))
     return driver
 
 
@@ -174,7 +174,7 @@ def test_checkpoint_then_restart_gives_the_same_next_step_as_an_uninterrupted_ru
     expected_adapter = adapter_weights(uninterrupted)
 
     restarted = make_driver()  # a fresh learner on the same shared storage
-    state = restarted.configure("run", json.dumps({**FAST, **config}))
+    state = restarted.configure("run", train_json(**{**FAST, **config}))
     assert state.step == 4 and state.restored_from == str(path)
     resumed = restarted.train_step("run", trajectories).metrics
     for key in ("train/loss", "train/grad_norm", "train/learning_rate", "train/entropy"):
@@ -295,8 +295,8 @@ def test_a_checkpoint_is_restored_only_under_the_adapter_settings_it_was_trained
     driver.train_step("run", trajectories[:2])
     _, path, _ = driver.save_checkpoint("run")
     # Same rank and targets, another scale: the tensors would fit but compute another policy.
-    with pytest.raises(StateError, match="'lora_alpha': 32.*asks for .*'lora_alpha': 64"):
-        make_driver().configure("run", json.dumps({**FAST, "lora_alpha": 64}))
+    with pytest.raises(StateError, match="'alpha': 32.*asks for .*'alpha': 64"):
+        make_driver().configure("run", train_json(**FAST, lora_alpha=64))
     # A directory with a valid manifest that is not a checkpoint (an adapter version) is refused as such.
     adapter_dir = driver.publish("run").path
     with pytest.raises(StateError, match=r"is not a learner checkpoint: its trainer_state.json cannot be read"):

@@ -5,7 +5,6 @@ model and for an adapter the learner published (loaded with vLLM's LoRARequest a
 from __future__ import annotations
 
 import gc
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import torch
 from services.learner.batch import collate, prepare_batch
 from services.learner.policy import load_base_model, token_logprobs
 from services.learner.synthetic import play_episodes, vllm_generator, with_advantages
+from tests.learner.settings import train_json
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +59,7 @@ def test_learner_logprobs_of_vllm_generated_multi_turn_tokens_match_vllm_with_an
     from vllm.lora.request import LoRARequest
 
     driver = make_driver()
-    driver.configure("run", json.dumps({"learning_rate": 0.05, "micro_batch_size": 4}))
+    driver.configure("run", train_json(learning_rate=0.05, micro_batch_size=4))
     # Base model (adapter v0): the learner's adapter is still zero at the first step.
     base = play_episodes(
         vllm_generator(llm, _sampling(tokenizer)), tokenizer, num_groups=2, group_size=2, num_turns=3, seed=0
