@@ -18,6 +18,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("run",): ("mmrl.cli.run", "start, watch, pause, resume or stop training runs"),
     ("eval",): ("mmrl.cli.eval", "evaluate a model/adapter on the fixed eval set"),
     ("demo",): ("mmrl.cli.demo", "SFT warm start + GRPO run, with plots (the main job)"),
+    ("report",): ("mmrl.cli.results", "write docs/results.md from a demo's summary.json and curve.json"),
     ("bench", "env"): ("services.env.bench", "benchmark the maze environment"),
     ("bench", "rollout"): ("services.rollout.bench", "benchmark vLLM generation and adapters"),
     ("bench", "learner"): ("services.learner.bench", "benchmark GRPO training steps"),

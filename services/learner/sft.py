@@ -35,7 +35,8 @@ layouts the SFT does not play and no eval set holds; `check_seeds`). Which check
   of the last check at or below `stop_above`: the most imitation that still leaves a start of the
   chosen strength. The solve rate does not rise steadily past the steep part of the curve (checks
   went 0.44 0.66 0.44 0.50 0.61 0.53 0.65 0.80 over 500..1,200 updates on one machine), and GRPO
-  lifted a later checkpoint of the same strength much further (docs/experiments.md).
+  lifted a later checkpoint of the same strength much further
+  (docs/experiments/2026-12-04-grpo-from-500-update-start-frame-cache.md).
 In both, when no check is at or below `stop_above`, the first check's checkpoint is saved.
 """
 

@@ -1,0 +1,237 @@
+"""`mmrl report`: write docs/results.md (and the results table of README.md) from a demo's
+`summary.json` and `curve.json`, so that a new run changes data, not prose.
+
+The data of record lives in docs/results/ (summary.json, curve.json). `--update` copies a demo's
+files there (and its curve.png / solved_episode.png into docs/images/) before rendering;
+`--check` exits 1 when docs/results.md or README.md's table is not what the record renders to.
+
+Besides what `mmrl demo` writes, summary.json may carry `held_out_mazes`,
+`held_out_start_solve_rate`, `held_out_end_solve_rate`, `machine`, `commit` and `command`
+(`--update` sets them from its options); every optional field may be missing, and its row or
+phrase is then left out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RECORD_DIR = Path("docs/results")
+IMAGES = {"curve.png": "demo-curve.png", "solved_episode.png": "demo-solved-episode.png"}
+README_BEGIN = "<!-- results:begin (mmrl report writes this table) -->"
+README_END = "<!-- results:end -->"
+
+
+def _rate(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.3f}"
+
+
+def _seconds(value: Any) -> str:
+    return f"{float(value):,.0f} s"
+
+
+def _from_to(start: Any, end: Any) -> str | None:
+    return None if start is None or end is None else f"{_rate(start)} -> {_rate(end)}"
+
+
+def result_rows(summary: dict[str, Any], curve: dict[str, Any]) -> list[tuple[str, str]]:
+    """(what, value) rows of the results table; a row whose fields are missing is left out."""
+    evals = curve.get("eval") or []
+    rows: list[tuple[str, str]] = []
+    start = summary.get("sft_solve_rate", summary.get("start_solve_rate"))
+    if start is not None:
+        how = [f"{summary['sft_updates']} updates"] if summary.get("sft_updates") else []
+        if summary.get("sft_wall_s"):
+            how.append(_seconds(summary["sft_wall_s"]))
+        rows.append(("SFT start, greedy solve rate", _rate(start) + (f" ({', '.join(how)})" if how else "")))
+    if summary.get("within_budget_solve_rate") is not None:
+        budget = f"{float(summary.get('budget_min', 30)):g}"
+        where = [f"step {summary['within_budget_step']}"] if summary.get("within_budget_step") is not None else []
+        if summary.get("within_budget_grpo_s") is not None:
+            where.append(f"{_seconds(summary['within_budget_grpo_s'])} of GRPO steps and evals")
+        rows.append((f"GRPO within {budget} minutes, greedy",
+                     _rate(summary["within_budget_solve_rate"]) + (f" ({', '.join(where)})" if where else "")))
+    end = summary.get("end_solve_rate", evals[-1]["greedy_solve_rate"] if evals else None)
+    if end is not None:
+        where = [f"step {evals[-1]['step']}"] if evals else []
+        if summary.get("grpo_wall_s"):
+            where.append(f"{_seconds(summary['grpo_wall_s'])} of GRPO")
+        rows.append(("GRPO at the end, greedy", _rate(end) + (f" ({', '.join(where)})" if where else "")))
+    sampled = _from_to(summary.get("start_sampled_solve_rate"), summary.get("end_sampled_solve_rate"))
+    if sampled:
+        rows.append(("sampled solve rate, start -> end", sampled))
+    held_out = _from_to(summary.get("held_out_start_solve_rate"), summary.get("held_out_end_solve_rate"))
+    if held_out:
+        mazes = summary.get("held_out_mazes")
+        rows.append((f"held out{f' ({mazes} mazes never trained on)' if mazes else ''}, start -> end", held_out))
+    if summary.get("mean_step_s"):
+        rows.append(("time per GRPO step (mean)", f"{float(summary['mean_step_s']):.1f} s"))
+    if summary.get("machine"):
+        rows.append(("machine", str(summary["machine"])))
+    return rows
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    return "\n".join(["| | |", "| --- | --- |", *(f"| {what} | {value} |" for what, value in rows)])
+
+
+def _provenance(summary: dict[str, Any]) -> str:
+    parts = []
+    if summary.get("command"):
+        parts.append(f"`{summary['command']}`")
+    if summary.get("commit"):
+        parts.append(f"at commit {summary['commit']}")
+    if summary.get("run_id"):
+        parts.append(f"(run `{summary['run_id']}`)")
+    return " ".join(parts)
+
+
+def _curve_table(curve: dict[str, Any]) -> str:
+    """Every eval of the curve; a column whose values are all missing is left out."""
+    evals = curve.get("eval") or []
+    columns: list[tuple[str, str, Callable[[Any], str]]] = [
+        ("step", "step", str), ("greedy", "greedy_solve_rate", _rate),
+        ("sampled", "sampled_solve_rate", _rate), ("sampled, solved in any try", "sampled_pass_rate", _rate),
+        ("GRPO seconds by its end", "grpo_s", lambda v: "-" if v is None else f"{float(v):,.1f}")]
+    kept = [c for c in columns if any(e.get(c[1]) is not None for e in evals)]
+    lines = ["| " + " | ".join(c[0] for c in kept) + " |", "|" + " --- |" * len(kept)]
+    lines += ["| " + " | ".join(fmt(e.get(key)) for _, key, fmt in kept) + " |" for e in evals]
+    return "\n".join(lines)
+
+
+def render_page(summary: dict[str, Any], curve: dict[str, Any]) -> str:
+    checks = summary.get("sft_checks") or []
+    lines = [
+        "# Results",
+        "",
+        "<!-- Generated by `mmrl report` from docs/results/summary.json and docs/results/curve.json."
+        " Do not edit; run `mmrl report --update` after a new `make demo`. -->",
+        "",
+        "The current run of record of `make demo`: the SFT warm start, then GRPO on the tiny model."
+        " Solve rates are on the fixed 64-maze eval set unless a row says otherwise.",
+    ]
+    provenance = _provenance(summary)
+    if provenance:
+        lines += ["", f"Run: {provenance}."]
+    lines += ["", _table(result_rows(summary, curve)), "", "![GRPO curve](images/demo-curve.png)", "",
+              "A solved eval episode of the last eval (the frame of each turn, with the action taken):", "",
+              "![solved episode](images/demo-solved-episode.png)", ""]
+    if curve.get("eval"):
+        lines += ["## The curve", "", _curve_table(curve), ""]
+    if checks:
+        rates = " ".join(_rate(c["validation_solve_rate"]) for c in checks)
+        lines += ["## The SFT's checks", "",
+                  f"Validation solve rates at updates {checks[0]['updates']}..{checks[-1]['updates']}: {rates}"
+                  + (f"; kept: {summary['sft_updates']} updates." if summary.get("sft_updates") else "."), ""]
+    lines += ["How these figures vary between runs and machines, and every other run:"
+              " [experiments/README.md](experiments/README.md).", ""]
+    return "\n".join(lines)
+
+
+def render_readme_block(summary: dict[str, Any], curve: dict[str, Any]) -> str:
+    """The README's table: the page's, less the sampled solve rates."""
+    rows = [row for row in result_rows(summary, curve) if not row[0].startswith("sampled")]
+    return "\n".join([README_BEGIN, _table(rows), README_END])
+
+
+def replace_block(text: str, block: str) -> str:
+    """`text` with its results block replaced by `block` (unchanged when it has no block)."""
+    begin, end = text.find(README_BEGIN), text.find(README_END)
+    if begin < 0 or end < begin:
+        return text
+    return text[:begin] + block + text[end + len(README_END):]
+
+
+def this_machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()}-core {model}"
+
+
+def update_record(args: argparse.Namespace) -> None:
+    """Copies the demo's summary and curve (and images, when next to the summary) into the record."""
+    summary = json.loads(args.summary.read_text())
+    curve = json.loads(args.curve.read_text())
+    if args.held_out is not None:
+        summary["held_out_start_solve_rate"], summary["held_out_end_solve_rate"] = args.held_out
+        summary["held_out_mazes"] = args.held_out_mazes
+    for key in ("machine", "commit", "command"):
+        if getattr(args, key):
+            summary[key] = getattr(args, key)
+    summary.setdefault("machine", this_machine())
+    for key in ("output_dir", "model_dir", "final_adapter_dir", "curve_png", "solved_episode_png"):
+        summary.pop(key, None)  # paths on the machine that ran the demo
+    args.record.mkdir(parents=True, exist_ok=True)
+    (args.record / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (args.record / "curve.json").write_text(json.dumps(curve, indent=2) + "\n")
+    for name, target in IMAGES.items():
+        source = args.summary.parent / name
+        if source.is_file():
+            args.images.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, args.images / target)
+
+
+def _expected(args: argparse.Namespace, summary_path: Path, curve_path: Path) -> dict[Path, str]:
+    """What the page (and the README, when it has a results block) should read."""
+    summary = json.loads(summary_path.read_text())
+    curve = json.loads(curve_path.read_text())
+    expected = {args.out: render_page(summary, curve)}
+    if args.readme.is_file():
+        expected[args.readme] = replace_block(args.readme.read_text(), render_readme_block(summary, curve))
+    return expected
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="mmrl report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--summary", type=Path, default=Path("outputs/demo/summary.json"), help="a demo's summary.json")
+    parser.add_argument("--curve", type=Path, default=Path("outputs/demo/curve.json"), help="a demo's curve.json")
+    parser.add_argument("--out", type=Path, default=Path("docs/results.md"), help="the page to write")
+    parser.add_argument("--readme", type=Path, default=Path("README.md"),
+                        help="whose results block to rewrite (left alone without one)")
+    parser.add_argument("--record", type=Path, default=RECORD_DIR, help="the data of record (summary.json, curve.json)")
+    parser.add_argument("--images", type=Path, default=Path("docs/images"), help="where --update copies the plots")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--update", action="store_true",
+                      help="copy --summary and --curve into --record, then render from the record")
+    mode.add_argument("--check", action="store_true", help="exit 1 if the page is not what the record renders to")
+    mode.add_argument("--from-record", action="store_true", help="render from --record, ignoring --summary/--curve")
+    parser.add_argument("--held-out", type=float, nargs=2, metavar=("START", "END"),
+                        help="with --update: held-out solve rates of the SFT start and the final adapter")
+    parser.add_argument("--held-out-mazes", type=int, default=256, help="with --held-out: how many mazes")
+    parser.add_argument("--machine", help="with --update: the machine the demo ran on (default: this one)")
+    parser.add_argument("--commit", help="with --update: the commit the demo ran at")
+    parser.add_argument("--command", help="with --update: the command that ran the demo")
+    args = parser.parse_args(argv)
+
+    if args.update:
+        update_record(args)
+    from_record = args.update or args.check or args.from_record
+    summary_path = args.record / "summary.json" if from_record else args.summary
+    curve_path = args.record / "curve.json" if from_record else args.curve
+    for path in (summary_path, curve_path):
+        if not path.is_file():
+            parser.error(f"{path}: no such file (run `make demo` first, or pass --summary/--curve)")
+    expected = _expected(args, summary_path, curve_path)
+    if args.check:
+        stale = [path for path, text in expected.items() if not path.is_file() or path.read_text() != text]
+        for path in stale:
+            print(f"{path} is stale: run `mmrl report --from-record`", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in expected.items():
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
+            print(f"wrote {path}")
+    return 0

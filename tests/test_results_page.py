@@ -1,0 +1,108 @@
+"""`mmrl report`: docs/results.md and README.md's results table, rendered from a demo's summary and
+curve, and the committed page kept in step with its data of record (docs/results/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mmrl.cli.report import learning_curve
+from mmrl.cli.results import README_BEGIN, README_END, main
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _demo_output(directory: Path, **summary_fields: Any) -> tuple[Path, Path]:
+    """A summary.json and curve.json as `mmrl demo` writes them: 3 evals over 20 steps of 60 s."""
+    evals = [{"step": step, "greedy_solve_rate": rate, "sampled_solve_rate": sampled, "eval_s": 20.0,
+              "adapter_version": step} for step, rate, sampled in ((0, 0.5, 0.4375), (10, 0.71875, 0.6), (20, 0.8125, 0.7))]
+    metrics = [{"step": step, "reward/mean": 0.5, "time/step_s": 60.0} for step in range(1, 21)]
+    curve = learning_curve(evals, metrics)
+    summary = {"start_solve_rate": 0.5, "end_solve_rate": 0.8125, "start_sampled_solve_rate": 0.4375,
+               "end_sampled_solve_rate": 0.7, "sft_solve_rate": 0.5, "sft_updates": 700, "budget_min": 15.0,
+               "within_budget_step": 10, "within_budget_solve_rate": 0.71875, "within_budget_grpo_s": 640.0,
+               "steps": 20, "grpo_wall_s": 1290.4, "sft_wall_s": 2000.0, "mean_step_s": 60.0,
+               "run_id": "maze-tiny-cpu-test", "output_dir": "/somewhere/outputs/demo", **summary_fields}
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "summary.json").write_text(json.dumps(summary))
+    (directory / "curve.json").write_text(json.dumps(curve))
+    return directory / "summary.json", directory / "curve.json"
+
+
+def _rows(page: str) -> dict[str, str]:
+    """The results table (the first table of the page): what -> value."""
+    rows = {}
+    for line in page.split("| --- | --- |", 1)[1].strip().splitlines():
+        if not line.startswith("|"):
+            break
+        what, value = (cell.strip() for cell in line.strip("|").split("|"))
+        rows[what] = value
+    return rows
+
+
+def _run(tmp_path: Path, *args: str | Path) -> int:
+    return main([*map(str, args), "--out", str(tmp_path / "results.md"), "--readme", str(tmp_path / "README.md"),
+                 "--record", str(tmp_path / "record"), "--images", str(tmp_path / "images")])
+
+
+def test_the_page_shows_the_start_the_mark_within_budget_and_the_end_of_a_demo(tmp_path: Path) -> None:
+    summary, curve = _demo_output(tmp_path / "demo", held_out_mazes=256, held_out_start_solve_rate=0.5078125,
+                                  held_out_end_solve_rate=0.9140625, machine="2-core test CPU")
+    assert _run(tmp_path, "--summary", summary, "--curve", curve) == 0
+
+    page = (tmp_path / "results.md").read_text()
+    assert _rows(page) == {
+        "SFT start, greedy solve rate": "0.500 (700 updates, 2,000 s)",
+        "GRPO within 15 minutes, greedy": "0.719 (step 10, 640 s of GRPO steps and evals)",
+        "GRPO at the end, greedy": "0.812 (step 20, 1,290 s of GRPO)",
+        "sampled solve rate, start -> end": "0.438 -> 0.700",
+        "held out (256 mazes never trained on), start -> end": "0.508 -> 0.914",
+        "time per GRPO step (mean)": "60.0 s",
+        "machine": "2-core test CPU",
+    }
+    assert "![GRPO curve](images/demo-curve.png)" in page
+    assert "| 10 | 0.719 | 0.600 | 640.0 |" in page  # 10 steps of 60 s and two evals of 20 s
+
+
+def test_missing_optional_fields_leave_their_rows_out(tmp_path: Path) -> None:
+    summary, curve = _demo_output(tmp_path / "demo")
+    data = json.loads(summary.read_text())
+    for key in ("within_budget_step", "within_budget_solve_rate", "within_budget_grpo_s", "sft_updates",
+                "start_sampled_solve_rate", "mean_step_s"):
+        del data[key]
+    summary.write_text(json.dumps(data))
+    assert _run(tmp_path, "--summary", summary, "--curve", curve) == 0
+
+    rows = _rows((tmp_path / "results.md").read_text())
+    assert rows == {"SFT start, greedy solve rate": "0.500 (2,000 s)",
+                    "GRPO at the end, greedy": "0.812 (step 20, 1,290 s of GRPO)"}
+
+
+def test_update_copies_a_demo_into_the_record_and_check_fails_once_the_record_changes(tmp_path: Path) -> None:
+    summary, curve = _demo_output(tmp_path / "demo")
+    (tmp_path / "demo" / "curve.png").write_bytes(b"png")
+    (tmp_path / "README.md").write_text(f"# MMRL\n\n{README_BEGIN}\nold table\n{README_END}\n\nmore\n")
+    assert _run(tmp_path, "--update", "--summary", summary, "--curve", curve, "--held-out", "0.5", "0.75",
+                "--machine", "2-core test CPU", "--commit", "abc1234") == 0
+
+    record = json.loads((tmp_path / "record" / "summary.json").read_text())
+    assert (record["held_out_start_solve_rate"], record["held_out_end_solve_rate"]) == (0.5, 0.75)
+    assert record["commit"] == "abc1234" and "output_dir" not in record
+    assert (tmp_path / "images" / "demo-curve.png").read_bytes() == b"png"
+    readme = (tmp_path / "README.md").read_text()
+    assert "old table" not in readme and "| held out (256 mazes never trained on), start -> end | 0.500 -> 0.750 |" in readme
+    assert readme.endswith(f"{README_END}\n\nmore\n")
+    assert _run(tmp_path, "--check") == 0
+
+    record["end_solve_rate"] = 0.9
+    (tmp_path / "record" / "summary.json").write_text(json.dumps(record))
+    assert _run(tmp_path, "--check") == 1
+    assert _run(tmp_path, "--from-record") == 0
+    assert _run(tmp_path, "--check") == 0
+
+
+def test_the_committed_results_page_and_readme_table_are_what_the_record_renders_to() -> None:
+    assert main(["--check", "--record", str(REPO_ROOT / "docs" / "results"), "--out",
+                 str(REPO_ROOT / "docs" / "results.md"), "--readme", str(REPO_ROOT / "README.md")]) == 0
+    assert README_BEGIN in (REPO_ROOT / "README.md").read_text()
