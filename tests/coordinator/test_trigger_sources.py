@@ -119,3 +119,15 @@ def test_every_route_of_one_object_version_reads_as_the_same_event_with_its_key_
 def test_bodies_that_are_not_object_created_events_are_refused_with_the_reason(body: object, words: str) -> None:
     with pytest.raises(UnknownEvent, match=words):
         parse_body(body)
+
+
+def test_the_hyperpod_rules_file_validates_and_its_dataset_rule_starts_the_mounted_run_defaults() -> None:
+    from services.coordinator.config import load_run_config
+    from services.coordinator.triggers.settings import TriggerSettings
+
+    overlay = Path(__file__).parents[2] / "deploy" / "k8s" / "overlays" / "hyperpod"
+    rules = TriggerSettings(rules_file=overlay / "trigger-rules.yaml").load_rules()
+    dataset = rules.match("amzn-s3-demo-bucket1", "mmrl/datasets/mazes.jsonl")
+    assert dataset is not None and dataset.config == Path("/etc/mmrl/run-defaults.yaml")
+    assert rules.match("amzn-s3-demo-bucket1", "mmrl/configs/a.yaml").action == "config"  # type: ignore[union-attr]
+    load_run_config(overlay / dataset.config.name, {"env.options.dataset": "s3://b/k"})  # the mounted file
