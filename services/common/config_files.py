@@ -12,14 +12,19 @@ import yaml
 def read_config_file(path: Path) -> dict[str, Any]:
     """The file's top-level mapping ({} for an empty file); ValueError when it does not parse or is
     not a mapping, OSError when it cannot be read."""
-    text = Path(path).read_text()
-    toml = Path(path).suffix == ".toml"
+    return parse_config_text(Path(path).read_text(), str(path))
+
+
+def parse_config_text(text: str, name: str) -> dict[str, Any]:
+    """The top-level mapping of a config's text: TOML when `name` ends in .toml, else YAML (which
+    also reads JSON); ValueError naming `name` when it does not parse or is not a mapping."""
+    toml = name.endswith(".toml")
     try:
         data = tomllib.loads(text) if toml else yaml.safe_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"{path}: not valid {'TOML' if toml else 'YAML'}: {exc}") from None
+        raise ValueError(f"{name}: not valid {'TOML' if toml else 'YAML'}: {exc}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+        raise ValueError(f"{name}: expected a mapping of settings, got {type(data).__name__}")
     return data

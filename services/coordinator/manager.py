@@ -168,11 +168,14 @@ class RunManager:
                       extra={"run_id": run_id, "error": str(errors[-1])})
 
     # actions from the API -----------------------------------------------------------------
-    async def create(self, config: RunConfig) -> dict[str, Any]:
-        """Records a new run and launches it; TransitionError when its learner is busy."""
+    async def create(self, config: RunConfig, trigger: dict[str, Any] | None = None,
+                     claim: str = "") -> dict[str, Any]:
+        """Records a new run and launches it; TransitionError when its learner is busy. A run an event
+        starts carries the event (`trigger`) and its dedupe key (`claim`: AlreadyClaimed when taken)."""
         run_id = new_run_id(config.name)
         with self._claimed(run_id, config):
-            run = await self.store.create_run(run_id, config.name, config.model_dump(mode="json"), config.steps)
+            run = await self.store.create_run(run_id, config.name, config.model_dump(mode="json"), config.steps,
+                                              trigger=trigger, claim=claim)
         self.launch(run_id)
         return run
 

@@ -4,11 +4,13 @@ an event stream per run.
 Keys (prefix `mmrl:`):
     runs                      sorted set of run ids by creation time
     run:<id>                  hash: id, name, state, config (JSON), step, steps, created_at,
-                              updated_at, failure_reason, checkpoint_step, adapter_version, desired
+                              updated_at, failure_reason, checkpoint_step, adapter_version, desired,
+                              trigger (JSON, only on runs an event started)
     run:<id>:metrics          hash step -> JSON metrics of that step (one entry per step)
     run:<id>:evals            hash step -> JSON eval summary
     run:<id>:episodes         hash episode_id -> JSON record (frames stay on shared storage)
     run:<id>:events           stream of events (served as SSE)
+    trigger:claim:<sha256>    run id an event (object + version) started; written with the run
 """
 
 from __future__ import annotations
@@ -42,6 +44,14 @@ class RunNotFound(KeyError):
     pass
 
 
+class AlreadyClaimed(Exception):
+    """The event that would start the run has already started run `run_id`."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"already started run {run_id!r}")
+        self.run_id = run_id
+
+
 def new_run_id(name: str) -> str:
     """`<slug of name>-<time>-<hex>`: ASCII letters, digits, '-' and '_', starting with a letter or
     digit (a valid run id on shared storage for any name)."""
@@ -72,19 +82,43 @@ class RunStore:
         return f"{PREFIX}run:{run_id}{':' + suffix if suffix else ''}"
 
     # runs -----------------------------------------------------------------------------------
-    async def create_run(self, run_id: str, name: str, config: dict[str, Any], steps: int) -> dict[str, Any]:
+    async def create_run(self, run_id: str, name: str, config: dict[str, Any], steps: int,
+                         trigger: dict[str, Any] | None = None, claim: str = "") -> dict[str, Any]:
+        """Records a new pending run. With `claim` (an event's dedupe key) the claim is written in the
+        same transaction as the run, and AlreadyClaimed is raised, with nothing written, when another
+        run holds it: a redelivered event starts no second run, and a crash leaves both or neither."""
         now = time.time()
         record = {
             "id": run_id, "name": name, "state": RunState.PENDING.value, "config": json.dumps(config),
             "step": 0, "steps": steps, "created_at": now, "updated_at": now, "failure_reason": "",
             "checkpoint_step": -1, "adapter_version": 0, "desired": "",
         }
-        async with self.r.pipeline(transaction=True) as pipe:
+        if trigger is not None:
+            record["trigger"] = json.dumps(trigger)
+        claim_key = self.claim_key(claim) if claim else ""
+
+        async def write(pipe: Any) -> None:
+            if claim_key:
+                holder = await pipe.get(claim_key)  # WATCHed: immediate
+                if holder:
+                    raise AlreadyClaimed(holder)
+            pipe.multi()
+            if claim_key:
+                pipe.set(claim_key, run_id)
             pipe.hset(self._key(run_id), mapping=record)
             pipe.zadd(f"{PREFIX}runs", {run_id: now})
-            await pipe.execute()
-        await self.add_event(run_id, "state", {"state": RunState.PENDING.value})
+            pipe.xadd(*self._event(run_id, "state", {"state": RunState.PENDING.value}),
+                      maxlen=EVENTS_MAXLEN, approximate=True)
+
+        await self.r.transaction(write, *([claim_key] if claim_key else []))
         return await self.get_run(run_id)
+
+    def claim_key(self, claim: str) -> str:
+        return f"{PREFIX}trigger:claim:{claim}"
+
+    async def claimed_by(self, claim: str) -> str:
+        """The run id that holds an event's dedupe key ('' when none does)."""
+        return str(await self.r.get(self.claim_key(claim)) or "")
 
     async def get_run(self, run_id: str) -> dict[str, Any]:
         raw = await self.r.hgetall(self._key(run_id))
@@ -229,6 +263,7 @@ def _decode_run(raw: dict[str, str]) -> dict[str, Any]:
         "updated_at": float(raw["updated_at"]), "failure_reason": raw.get("failure_reason", ""),
         "checkpoint_step": int(raw.get("checkpoint_step", -1)),
         "adapter_version": int(raw.get("adapter_version", 0)), "desired": raw.get("desired", ""),
+        "trigger": json.loads(raw["trigger"]) if raw.get("trigger") else None,
     }
 
 

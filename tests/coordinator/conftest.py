@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -8,6 +10,7 @@ from mmrl.v1 import env_pb2_grpc
 from services.common.grpc_server import start_server
 from services.common.procs import free_port, start_redis, stop_process
 from services.coordinator.clients import CallPolicy, EnvClient, Rollouts, Services
+from services.coordinator.runloop import RunContext
 from services.env.config import EnvConfig
 from services.env.environment import MazeEnv
 from services.env.servicer import SERVICE_NAME, EnvServicer
@@ -44,3 +47,28 @@ async def env_services() -> AsyncIterator[Services]:
     yield Services(env=env, rollouts=Rollouts([]), learner=None)  # type: ignore[arg-type]
     await env.close()
     await running.stop(grace_s=0)
+
+
+@pytest.fixture
+def held_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Runs whose services answer and whose loop waits until the event is set, then succeeds."""
+    from services.coordinator import manager as manager_module
+    from services.coordinator.clients import Services
+    from services.coordinator.store import RunState
+
+    release = threading.Event()
+
+    async def healthy(self: Services) -> None:
+        return None
+
+    async def held(ctx: RunContext) -> RunState:
+        await ctx.store.set_state(ctx.run_id, RunState.RUNNING)
+        while not release.is_set():
+            await asyncio.sleep(0.02)
+        await ctx.store.set_state(ctx.run_id, RunState.SUCCEEDED)
+        return RunState.SUCCEEDED
+
+    monkeypatch.setattr(Services, "require_healthy", healthy)
+    monkeypatch.setattr(manager_module, "execute_run", held)
+    yield release
+    release.set()

@@ -15,7 +15,6 @@ from fastapi.testclient import TestClient
 from services.common.procs import free_port
 from services.coordinator.api.app import create_app
 from services.coordinator.config import CoordinatorSettings
-from services.coordinator.runloop import RunContext
 
 TOKEN = "s3cret-token"
 
@@ -134,31 +133,6 @@ def test_readiness_fails_without_redis(tmp_path: Path) -> None:
         reply = test_client.get("/readyz")
     assert reply.status_code == 503
     assert reply.json()["checks"] == {"redis": False}
-
-
-@pytest.fixture
-def held_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
-    """Runs whose services answer and whose loop waits until the event is set, then succeeds."""
-    from services.coordinator import manager as manager_module
-    from services.coordinator.clients import Services
-    from services.coordinator.store import RunState
-
-    release = threading.Event()
-
-    async def healthy(self: Services) -> None:
-        return None
-
-    async def held(ctx: RunContext) -> RunState:
-        await ctx.store.set_state(ctx.run_id, RunState.RUNNING)
-        while not release.is_set():
-            await asyncio.sleep(0.02)
-        await ctx.store.set_state(ctx.run_id, RunState.SUCCEEDED)
-        return RunState.SUCCEEDED
-
-    monkeypatch.setattr(Services, "require_healthy", healthy)
-    monkeypatch.setattr(manager_module, "execute_run", held)
-    yield release
-    release.set()
 
 
 def test_a_learner_takes_one_run_at_a_time(client: TestClient, tiny_model_dir: Path,

@@ -10,20 +10,25 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 from services.common.waiting import poll_until
-from services.coordinator.api import runs, system
+from services.coordinator.api import runs, system, triggers
 from services.coordinator.api.deps import require_token
 from services.coordinator.config import CoordinatorSettings
 from services.coordinator.manager import RunManager
 from services.coordinator.store import RunStore
+from services.coordinator.triggers.runtime import TriggerRuntime
+from services.coordinator.triggers.settings import TriggerSettings
 
 log = logging.getLogger("mmrl.coordinator")
 
 
-def create_app(settings: CoordinatorSettings | None = None, store: RunStore | None = None) -> FastAPI:
+def create_app(settings: CoordinatorSettings | None = None, store: RunStore | None = None,
+               trigger_settings: TriggerSettings | None = None) -> FastAPI:
     """Builds the app. Runs left running by a previous coordinator resume on startup, as soon as
-    Redis answers."""
+    Redis answers; the triggers (S3 events, the inbox) start runs from events."""
     settings = settings or CoordinatorSettings()
     store = store or RunStore.from_url(settings.redis_url)
+    trigger_settings = trigger_settings or TriggerSettings()
+    rules = trigger_settings.load_rules()  # a bad rules file stops the coordinator before it serves
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -32,7 +37,11 @@ def create_app(settings: CoordinatorSettings | None = None, store: RunStore | No
         app.state.store = store
         app.state.manager = manager
         resuming = asyncio.create_task(resume_when_redis_answers(manager)) if settings.resume_runs else None
+        trigger_runtime = TriggerRuntime.start(manager, store, settings, trigger_settings, rules)
+        app.state.triggers = trigger_runtime.triggers
+        app.state.trigger_settings = trigger_settings
         yield
+        await trigger_runtime.stop()
         if resuming is not None:
             resuming.cancel()
             await asyncio.gather(resuming, return_exceptions=True)
@@ -52,4 +61,5 @@ def create_app(settings: CoordinatorSettings | None = None, store: RunStore | No
                   description="Start, watch, pause, resume and stop multi-turn GRPO runs.")
     app.include_router(system.router)
     app.include_router(runs.router, dependencies=[Depends(require_token)])
+    app.include_router(triggers.router)  # its own auth: the token, or a signature for /s3
     return app

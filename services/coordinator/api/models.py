@@ -30,6 +30,9 @@ class Run(BaseModel):
     config: dict[str, Any]
     latest_metrics: dict[str, Any] | None = None
     latest_eval: dict[str, Any] | None = None
+    trigger: dict[str, Any] | None = Field(
+        None, description="The event that started the run (source, bucket, key, etag or version id, time, rule, "
+                          "dataset); null for a run started by POST /v1/runs.")
 
 
 class RunList(BaseModel):

@@ -37,8 +37,18 @@ async def create_run(body: RunCreate, store: StoreDep, manager: ManagerDep) -> R
 
 
 @router.get("", response_model=RunList)
-async def list_runs(store: StoreDep) -> RunList:
-    return RunList(runs=[await _with_latest(store, run) for run in await store.list_runs()])
+async def list_runs(
+    store: StoreDep,
+    trigger_source: Annotated[str | None, Query(description="runs an event of this source started "
+                                                "(eventbridge, s3-notification, sns, inbox)")] = None,
+    trigger_bucket: Annotated[str | None, Query(description="runs an object of this bucket started")] = None,
+    trigger_key: Annotated[str | None, Query(description="runs this object key (inbox: file name) started")] = None,
+) -> RunList:
+    wanted = {k: v for k, v in (("source", trigger_source), ("bucket", trigger_bucket), ("key", trigger_key))
+              if v is not None}
+    runs = [run for run in await store.list_runs()
+            if not wanted or all((run["trigger"] or {}).get(k) == v for k, v in wanted.items())]
+    return RunList(runs=[await _with_latest(store, run) for run in runs])
 
 
 @router.get("/{run_id}", response_model=Run)

@@ -1,0 +1,110 @@
+"""From an object event to a run: match a rule, skip what an earlier delivery started, build and
+validate the run config, and start it through the same RunManager.create as POST /v1/runs, with the
+event's dedupe key claimed in the run's own Redis transaction. Every outcome is audited."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from services.common.config_files import parse_config_text
+from services.coordinator.config import RunConfig, load_run_config
+from services.coordinator.manager import RunManager, TransitionError
+from services.coordinator.store import AlreadyClaimed, RunStore
+from services.coordinator.triggers.audit import TriggerLog, TriggerOutcome
+from services.coordinator.triggers.events import ObjectEvent
+from services.coordinator.triggers.settings import TriggerRule, TriggerRules
+from services.coordinator.triggers.sources import ObjectSource, SourceError
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml")
+
+
+def invalid(exc: Exception) -> str:
+    """A config error as one line naming each field."""
+    if isinstance(exc, ValidationError):
+        return "invalid run config: " + "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}" for err in exc.errors())
+    return str(exc)
+
+
+def run_config_from(data: bytes, name: str) -> RunConfig:
+    """A run config from a file's bytes (YAML, JSON or TOML by `name`'s suffix); ValueError saying
+    what is wrong (a pydantic ValidationError names the fields)."""
+    if not name.lower().endswith(CONFIG_SUFFIXES):
+        raise ValueError(f"{name}: not a run config file (expected {', '.join(CONFIG_SUFFIXES)})")
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise ValueError(f"{name}: not UTF-8 text") from None
+    return RunConfig.model_validate(parse_config_text(text, name))
+
+
+class Triggers:
+    def __init__(self, manager: RunManager, store: RunStore, rules: TriggerRules, source: ObjectSource,
+                 max_object_bytes: int = 1 << 20) -> None:
+        self.manager, self.store, self.rules, self.source = manager, store, rules, source
+        self.max_object_bytes = max_object_bytes
+        self.log = TriggerLog(store.r)
+
+    async def object_created(self, event: ObjectEvent) -> TriggerOutcome:
+        """Starts what the first matching rule says, once per object version."""
+        rule = self.rules.match(event.bucket, event.key)
+        if rule is None:
+            return await self.reject(event, 422, f"no trigger rule matches {event.uri}")
+        earlier = await self.store.claimed_by(event.dedupe_key)
+        if earlier:
+            return await self._duplicate(event, earlier, rule.name)
+        try:
+            config, extra = await self._config_for(rule, event)
+        except SourceError as exc:
+            return await self.reject(event, 502, str(exc), rule.name)
+        except (ValueError, OSError) as exc:
+            return await self.reject(event, 422, invalid(exc), rule.name)
+        return await self.start(event, config, rule.name, extra)
+
+    async def config_file(self, event: ObjectEvent, data: bytes) -> TriggerOutcome:
+        """Starts the run config in `data` (an inbox file), once per event version."""
+        earlier = await self.store.claimed_by(event.dedupe_key)
+        if earlier:
+            return await self._duplicate(event, earlier, "inbox")
+        try:
+            config = run_config_from(data, event.key)
+        except ValueError as exc:
+            return await self.reject(event, 422, invalid(exc), "inbox")
+        return await self.start(event, config, "inbox")
+
+    async def _config_for(self, rule: TriggerRule, event: ObjectEvent) -> tuple[RunConfig, dict[str, Any]]:
+        if rule.action == "dataset":
+            assert rule.config is not None
+            overrides = {f"env.options.{rule.option}": event.uri}
+            return await asyncio.to_thread(load_run_config, rule.config, overrides), {"dataset": event.uri}
+        data = await asyncio.to_thread(self.source.read, event.bucket, event.key, event.version_id,
+                                       self.max_object_bytes)
+        return run_config_from(data, event.key), {}
+
+    async def start(self, event: ObjectEvent, config: RunConfig, rule: str,
+                    extra: dict[str, Any] | None = None) -> TriggerOutcome:
+        trigger = {**event.record(), "rule": rule, "received_at": time.time(), **(extra or {})}
+        try:
+            run = await self.manager.create(config, trigger=trigger, claim=event.dedupe_key)
+        except AlreadyClaimed as exc:
+            return await self._duplicate(event, exc.run_id, rule)
+        except TransitionError as exc:
+            return await self.reject(event, 409, str(exc), rule)
+        return await self.log.add(TriggerOutcome(outcome="started", status_code=201, run_id=run["id"], rule=rule,
+                                                 event=event.record()))
+
+    async def _duplicate(self, event: ObjectEvent, run_id: str, rule: str) -> TriggerOutcome:
+        return await self.log.add(TriggerOutcome(
+            outcome="duplicate", status_code=200, run_id=run_id, rule=rule, event=event.record(),
+            reason=f"this object version already started run {run_id!r}"))
+
+    async def reject(self, event: ObjectEvent | None, status_code: int, reason: str, rule: str = "",
+                     body: Any = None) -> TriggerOutcome:
+        """Records an event that starts nothing; `body` stands in for an event that could not be read."""
+        record = event.record() if event is not None else {"body": body}
+        return await self.log.add(TriggerOutcome(outcome="rejected", status_code=status_code, reason=reason,
+                                                 rule=rule, event=record))
