@@ -66,3 +66,15 @@ def test_only_the_coordinators_clients_speak_protobuf() -> None:
         if any(name.startswith("mmrl.v1") for name in _imported_modules(path))
     }
     assert speaking == {"services/coordinator/clients.py"}
+
+
+def test_the_coordinator_knows_no_environment() -> None:
+    """Everything a run needs from an environment comes over EnvService (GetEnvInfo, GetTrainingTasks,
+    GetEvalSet, episodes): no coordinator module imports the maze's code."""
+    knowing = {
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in (ROOT / "services" / "coordinator").rglob("*.py")
+        for name in _imported_modules(path)
+        if name.startswith(("services.common.maze", "services.env"))
+    }
+    assert not knowing, sorted(knowing)

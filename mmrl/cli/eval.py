@@ -22,10 +22,11 @@ from mmrl.cli.stack import Stack, StackConfig
 from services.common import storage
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT, ChatTokens
 from services.common.maze import eval_seeds, layout_key
-from services.coordinator.clients import CallPolicy, Services
+from services.coordinator.clients import CallPolicy
 from services.coordinator.episodes import Timers
 from services.coordinator.evaluation import EvalPlan, eval_turn_limit, run_eval
 from services.coordinator.manager import load_tokenizer
+from services.coordinator.replicas import Services
 from services.coordinator.wire import TaskSpec
 from services.env.config import EnvConfig
 from services.env.evalset import RECIPES, get_eval_set
@@ -63,7 +64,7 @@ async def evaluate(
     `seeds` are played with the grid and move limit of the `size` preset, or with `maze` = (grid, max_moves)."""
     name = PRESETS[size]
     grid, max_moves = maze or (RECIPES[name].size, RECIPES[name].max_moves)
-    services = Services.connect(env_addr, [rollout_addr], "127.0.0.1:1", CallPolicy(timeout_s=600, retries=2))
+    services = Services.connect([env_addr], [rollout_addr], "127.0.0.1:1", CallPolicy(timeout_s=600, retries=2))
     try:
         if seeds is None:
             specs = (await services.env.eval_set(name)).specs

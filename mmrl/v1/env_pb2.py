@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from mmrl.v1 import common_pb2 as mmrl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11mmrl/v1/env.proto\x12\x07mmrl.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x14mmrl/v1/common.proto\"\x92\x01\n\x0b\x45pisodeSpec\x12\x0c\n\x04seed\x18\x01 \x01(\x03\x12\x11\n\tmax_moves\x18\x02 \x01(\x05\x12\x32\n\x07options\x18\x03 \x03(\x0b\x32!.mmrl.v1.EpisodeSpec.OptionsEntry\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\";\n\x0bObservation\x12\x1e\n\x06images\x18\x01 \x03(\x0b\x32\x0e.mmrl.v1.Image\x12\x0c\n\x04text\x18\x02 \x01(\t\"\x92\x01\n\x0c\x45pisodeState\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12)\n\x0bobservation\x18\x02 \x01(\x0b\x32\x14.mmrl.v1.Observation\x12\x0e\n\x06reward\x18\x03 \x01(\x02\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12%\n\x04info\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\"<\n\x15\x43reateEpisodesRequest\x12#\n\x05specs\x18\x01 \x03(\x0b\x32\x14.mmrl.v1.EpisodeSpec\"A\n\x16\x43reateEpisodesResponse\x12\'\n\x08\x65pisodes\x18\x01 \x03(\x0b\x32\x15.mmrl.v1.EpisodeState\"3\n\rEpisodeAction\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\"6\n\x0bStepRequest\x12\'\n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32\x16.mmrl.v1.EpisodeAction\"7\n\x0cStepResponse\x12\'\n\x08\x65pisodes\x18\x01 \x03(\x0b\x32\x15.mmrl.v1.EpisodeState\"+\n\x14\x43loseEpisodesRequest\x12\x13\n\x0b\x65pisode_ids\x18\x01 \x03(\t\"+\n\x15\x43loseEpisodesResponse\x12\x12\n\nnum_closed\x18\x01 \x01(\x05\"!\n\x11GetEvalSetRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"n\n\x12GetEvalSetResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x14\n\x0c\x63ontent_hash\x18\x03 \x01(\t\x12#\n\x05specs\x18\x04 \x03(\x0b\x32\x14.mmrl.v1.EpisodeSpec2\xab\x02\n\nEnvService\x12Q\n\x0e\x43reateEpisodes\x12\x1e.mmrl.v1.CreateEpisodesRequest\x1a\x1f.mmrl.v1.CreateEpisodesResponse\x12\x33\n\x04Step\x12\x14.mmrl.v1.StepRequest\x1a\x15.mmrl.v1.StepResponse\x12N\n\rCloseEpisodes\x12\x1d.mmrl.v1.CloseEpisodesRequest\x1a\x1e.mmrl.v1.CloseEpisodesResponse\x12\x45\n\nGetEvalSet\x12\x1a.mmrl.v1.GetEvalSetRequest\x1a\x1b.mmrl.v1.GetEvalSetResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11mmrl/v1/env.proto\x12\x07mmrl.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x14mmrl/v1/common.proto\"\x92\x01\n\x0b\x45pisodeSpec\x12\x0c\n\x04seed\x18\x01 \x01(\x03\x12\x11\n\tmax_moves\x18\x02 \x01(\x05\x12\x32\n\x07options\x18\x03 \x03(\x0b\x32!.mmrl.v1.EpisodeSpec.OptionsEntry\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\";\n\x0bObservation\x12\x1e\n\x06images\x18\x01 \x03(\x0b\x32\x0e.mmrl.v1.Image\x12\x0c\n\x04text\x18\x02 \x01(\t\"\xb8\x01\n\x0c\x45pisodeState\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12)\n\x0bobservation\x18\x02 \x01(\x0b\x32\x14.mmrl.v1.Observation\x12\x0e\n\x06reward\x18\x03 \x01(\x02\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12%\n\x04info\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x11\n\tstate_key\x18\x06 \x01(\t\x12\x11\n\ttruncated\x18\x07 \x01(\x08\"<\n\x15\x43reateEpisodesRequest\x12#\n\x05specs\x18\x01 \x03(\x0b\x32\x14.mmrl.v1.EpisodeSpec\"A\n\x16\x43reateEpisodesResponse\x12\'\n\x08\x65pisodes\x18\x01 \x03(\x0b\x32\x15.mmrl.v1.EpisodeState\"3\n\rEpisodeAction\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\"6\n\x0bStepRequest\x12\'\n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32\x16.mmrl.v1.EpisodeAction\"7\n\x0cStepResponse\x12\'\n\x08\x65pisodes\x18\x01 \x03(\x0b\x32\x15.mmrl.v1.EpisodeState\"+\n\x14\x43loseEpisodesRequest\x12\x13\n\x0b\x65pisode_ids\x18\x01 \x03(\t\"+\n\x15\x43loseEpisodesResponse\x12\x12\n\nnum_closed\x18\x01 \x01(\x05\"!\n\x11GetEvalSetRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"n\n\x12GetEvalSetResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x14\n\x0c\x63ontent_hash\x18\x03 \x01(\t\x12#\n\x05specs\x18\x04 \x03(\x0b\x32\x14.mmrl.v1.EpisodeSpec\"\x13\n\x11GetEnvInfoRequest\"Q\n\x07\x45nvInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x63tions\x18\x02 \x03(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x03 \x03(\t\x12\x11\n\teval_sets\x18\x04 \x03(\t\"\xb9\x01\n\x17GetTrainingTasksRequest\x12\x0c\n\x04seed\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12\x11\n\tmax_moves\x18\x03 \x01(\x05\x12>\n\x07options\x18\x04 \x03(\x0b\x32-.mmrl.v1.GetTrainingTasksRequest.OptionsEntry\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x18GetTrainingTasksResponse\x12#\n\x05specs\x18\x01 \x03(\x0b\x32\x14.mmrl.v1.EpisodeSpec2\xc0\x03\n\nEnvService\x12:\n\nGetEnvInfo\x12\x1a.mmrl.v1.GetEnvInfoRequest\x1a\x10.mmrl.v1.EnvInfo\x12W\n\x10GetTrainingTasks\x12 .mmrl.v1.GetTrainingTasksRequest\x1a!.mmrl.v1.GetTrainingTasksResponse\x12Q\n\x0e\x43reateEpisodes\x12\x1e.mmrl.v1.CreateEpisodesRequest\x1a\x1f.mmrl.v1.CreateEpisodesResponse\x12\x33\n\x04Step\x12\x14.mmrl.v1.StepRequest\x1a\x15.mmrl.v1.StepResponse\x12N\n\rCloseEpisodes\x12\x1d.mmrl.v1.CloseEpisodesRequest\x1a\x1e.mmrl.v1.CloseEpisodesResponse\x12\x45\n\nGetEvalSet\x12\x1a.mmrl.v1.GetEvalSetRequest\x1a\x1b.mmrl.v1.GetEvalSetResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,6 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EPISODESPEC_OPTIONSENTRY']._loaded_options = None
   _globals['_EPISODESPEC_OPTIONSENTRY']._serialized_options = b'8\001'
+  _globals['_GETTRAININGTASKSREQUEST_OPTIONSENTRY']._loaded_options = None
+  _globals['_GETTRAININGTASKSREQUEST_OPTIONSENTRY']._serialized_options = b'8\001'
   _globals['_EPISODESPEC']._serialized_start=83
   _globals['_EPISODESPEC']._serialized_end=229
   _globals['_EPISODESPEC_OPTIONSENTRY']._serialized_start=183
@@ -42,25 +44,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OBSERVATION']._serialized_start=231
   _globals['_OBSERVATION']._serialized_end=290
   _globals['_EPISODESTATE']._serialized_start=293
-  _globals['_EPISODESTATE']._serialized_end=439
-  _globals['_CREATEEPISODESREQUEST']._serialized_start=441
-  _globals['_CREATEEPISODESREQUEST']._serialized_end=501
-  _globals['_CREATEEPISODESRESPONSE']._serialized_start=503
-  _globals['_CREATEEPISODESRESPONSE']._serialized_end=568
-  _globals['_EPISODEACTION']._serialized_start=570
-  _globals['_EPISODEACTION']._serialized_end=621
-  _globals['_STEPREQUEST']._serialized_start=623
-  _globals['_STEPREQUEST']._serialized_end=677
-  _globals['_STEPRESPONSE']._serialized_start=679
-  _globals['_STEPRESPONSE']._serialized_end=734
-  _globals['_CLOSEEPISODESREQUEST']._serialized_start=736
-  _globals['_CLOSEEPISODESREQUEST']._serialized_end=779
-  _globals['_CLOSEEPISODESRESPONSE']._serialized_start=781
-  _globals['_CLOSEEPISODESRESPONSE']._serialized_end=824
-  _globals['_GETEVALSETREQUEST']._serialized_start=826
-  _globals['_GETEVALSETREQUEST']._serialized_end=859
-  _globals['_GETEVALSETRESPONSE']._serialized_start=861
-  _globals['_GETEVALSETRESPONSE']._serialized_end=971
-  _globals['_ENVSERVICE']._serialized_start=974
-  _globals['_ENVSERVICE']._serialized_end=1273
+  _globals['_EPISODESTATE']._serialized_end=477
+  _globals['_CREATEEPISODESREQUEST']._serialized_start=479
+  _globals['_CREATEEPISODESREQUEST']._serialized_end=539
+  _globals['_CREATEEPISODESRESPONSE']._serialized_start=541
+  _globals['_CREATEEPISODESRESPONSE']._serialized_end=606
+  _globals['_EPISODEACTION']._serialized_start=608
+  _globals['_EPISODEACTION']._serialized_end=659
+  _globals['_STEPREQUEST']._serialized_start=661
+  _globals['_STEPREQUEST']._serialized_end=715
+  _globals['_STEPRESPONSE']._serialized_start=717
+  _globals['_STEPRESPONSE']._serialized_end=772
+  _globals['_CLOSEEPISODESREQUEST']._serialized_start=774
+  _globals['_CLOSEEPISODESREQUEST']._serialized_end=817
+  _globals['_CLOSEEPISODESRESPONSE']._serialized_start=819
+  _globals['_CLOSEEPISODESRESPONSE']._serialized_end=862
+  _globals['_GETEVALSETREQUEST']._serialized_start=864
+  _globals['_GETEVALSETREQUEST']._serialized_end=897
+  _globals['_GETEVALSETRESPONSE']._serialized_start=899
+  _globals['_GETEVALSETRESPONSE']._serialized_end=1009
+  _globals['_GETENVINFOREQUEST']._serialized_start=1011
+  _globals['_GETENVINFOREQUEST']._serialized_end=1030
+  _globals['_ENVINFO']._serialized_start=1032
+  _globals['_ENVINFO']._serialized_end=1113
+  _globals['_GETTRAININGTASKSREQUEST']._serialized_start=1116
+  _globals['_GETTRAININGTASKSREQUEST']._serialized_end=1301
+  _globals['_GETTRAININGTASKSREQUEST_OPTIONSENTRY']._serialized_start=183
+  _globals['_GETTRAININGTASKSREQUEST_OPTIONSENTRY']._serialized_end=229
+  _globals['_GETTRAININGTASKSRESPONSE']._serialized_start=1303
+  _globals['_GETTRAININGTASKSRESPONSE']._serialized_end=1366
+  _globals['_ENVSERVICE']._serialized_start=1369
+  _globals['_ENVSERVICE']._serialized_end=1817
 # @@protoc_insertion_point(module_scope)

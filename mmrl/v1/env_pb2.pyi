@@ -34,18 +34,22 @@ class Observation(_message.Message):
     def __init__(self, images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., text: _Optional[str] = ...) -> None: ...
 
 class EpisodeState(_message.Message):
-    __slots__ = ("episode_id", "observation", "reward", "done", "info")
+    __slots__ = ("episode_id", "observation", "reward", "done", "info", "state_key", "truncated")
     EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
+    STATE_KEY_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     episode_id: str
     observation: Observation
     reward: float
     done: bool
     info: _struct_pb2.Struct
-    def __init__(self, episode_id: _Optional[str] = ..., observation: _Optional[_Union[Observation, _Mapping]] = ..., reward: _Optional[float] = ..., done: _Optional[bool] = ..., info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    state_key: str
+    truncated: bool
+    def __init__(self, episode_id: _Optional[str] = ..., observation: _Optional[_Union[Observation, _Mapping]] = ..., reward: _Optional[float] = ..., done: _Optional[bool] = ..., info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., state_key: _Optional[str] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class CreateEpisodesRequest(_message.Message):
     __slots__ = ("specs",)
@@ -108,3 +112,44 @@ class GetEvalSetResponse(_message.Message):
     content_hash: str
     specs: _containers.RepeatedCompositeFieldContainer[EpisodeSpec]
     def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., content_hash: _Optional[str] = ..., specs: _Optional[_Iterable[_Union[EpisodeSpec, _Mapping]]] = ...) -> None: ...
+
+class GetEnvInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EnvInfo(_message.Message):
+    __slots__ = ("name", "actions", "capabilities", "eval_sets")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    EVAL_SETS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    actions: _containers.RepeatedScalarFieldContainer[str]
+    capabilities: _containers.RepeatedScalarFieldContainer[str]
+    eval_sets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., capabilities: _Optional[_Iterable[str]] = ..., eval_sets: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetTrainingTasksRequest(_message.Message):
+    __slots__ = ("seed", "count", "max_moves", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MAX_MOVES_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    seed: str
+    count: int
+    max_moves: int
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, seed: _Optional[str] = ..., count: _Optional[int] = ..., max_moves: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class GetTrainingTasksResponse(_message.Message):
+    __slots__ = ("specs",)
+    SPECS_FIELD_NUMBER: _ClassVar[int]
+    specs: _containers.RepeatedCompositeFieldContainer[EpisodeSpec]
+    def __init__(self, specs: _Optional[_Iterable[_Union[EpisodeSpec, _Mapping]]] = ...) -> None: ...

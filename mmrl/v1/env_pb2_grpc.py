@@ -27,7 +27,8 @@ if _version_not_supported:
 
 class EnvServiceStub:
     """A batched, environment-agnostic episode service. Nothing here is maze-specific: environment
-    settings travel as `options`, so another environment can implement the same contract.
+    settings travel as `options`, so another environment can implement the same contract
+    (docs/environments.md; `mmrl env check ADDR` runs the contract against a server).
     """
 
     def __init__(self, channel):
@@ -36,6 +37,16 @@ class EnvServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.GetEnvInfo = channel.unary_unary(
+                '/mmrl.v1.EnvService/GetEnvInfo',
+                request_serializer=mmrl_dot_v1_dot_env__pb2.GetEnvInfoRequest.SerializeToString,
+                response_deserializer=mmrl_dot_v1_dot_env__pb2.EnvInfo.FromString,
+                _registered_method=True)
+        self.GetTrainingTasks = channel.unary_unary(
+                '/mmrl.v1.EnvService/GetTrainingTasks',
+                request_serializer=mmrl_dot_v1_dot_env__pb2.GetTrainingTasksRequest.SerializeToString,
+                response_deserializer=mmrl_dot_v1_dot_env__pb2.GetTrainingTasksResponse.FromString,
+                _registered_method=True)
         self.CreateEpisodes = channel.unary_unary(
                 '/mmrl.v1.EnvService/CreateEpisodes',
                 request_serializer=mmrl_dot_v1_dot_env__pb2.CreateEpisodesRequest.SerializeToString,
@@ -60,8 +71,25 @@ class EnvServiceStub:
 
 class EnvServiceServicer:
     """A batched, environment-agnostic episode service. Nothing here is maze-specific: environment
-    settings travel as `options`, so another environment can implement the same contract.
+    settings travel as `options`, so another environment can implement the same contract
+    (docs/environments.md; `mmrl env check ADDR` runs the contract against a server).
     """
+
+    def GetEnvInfo(self, request, context):
+        """What the environment is and offers: its name, the action vocabulary, optional capabilities
+        and its eval sets. The coordinator asks once at run start.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTrainingTasks(self, request, context):
+        """Training tasks for one sampling round, drawn by the environment from the caller's seed: the
+        same request gives the same tasks, distinct within the answer, never a task of an eval set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def CreateEpisodes(self, request, context):
         """Creates one episode per spec and returns each first observation.
@@ -94,6 +122,16 @@ class EnvServiceServicer:
 
 def add_EnvServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'GetEnvInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetEnvInfo,
+                    request_deserializer=mmrl_dot_v1_dot_env__pb2.GetEnvInfoRequest.FromString,
+                    response_serializer=mmrl_dot_v1_dot_env__pb2.EnvInfo.SerializeToString,
+            ),
+            'GetTrainingTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTrainingTasks,
+                    request_deserializer=mmrl_dot_v1_dot_env__pb2.GetTrainingTasksRequest.FromString,
+                    response_serializer=mmrl_dot_v1_dot_env__pb2.GetTrainingTasksResponse.SerializeToString,
+            ),
             'CreateEpisodes': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateEpisodes,
                     request_deserializer=mmrl_dot_v1_dot_env__pb2.CreateEpisodesRequest.FromString,
@@ -124,8 +162,63 @@ def add_EnvServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class EnvService:
     """A batched, environment-agnostic episode service. Nothing here is maze-specific: environment
-    settings travel as `options`, so another environment can implement the same contract.
+    settings travel as `options`, so another environment can implement the same contract
+    (docs/environments.md; `mmrl env check ADDR` runs the contract against a server).
     """
+
+    @staticmethod
+    def GetEnvInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mmrl.v1.EnvService/GetEnvInfo',
+            mmrl_dot_v1_dot_env__pb2.GetEnvInfoRequest.SerializeToString,
+            mmrl_dot_v1_dot_env__pb2.EnvInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTrainingTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mmrl.v1.EnvService/GetTrainingTasks',
+            mmrl_dot_v1_dot_env__pb2.GetTrainingTasksRequest.SerializeToString,
+            mmrl_dot_v1_dot_env__pb2.GetTrainingTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def CreateEpisodes(request,

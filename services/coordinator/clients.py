@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -21,8 +21,8 @@ from mmrl.v1 import env_pb2, env_pb2_grpc, learner_pb2, learner_pb2_grpc, rollou
 from services.common.grpc_server import channel, check_health
 from services.common.training import TrainSettings
 from services.common.trajectory import Trajectory
-from services.common.waiting import poll_until
 from services.coordinator.wire import (
+    EnvInfo,
     EpisodeState,
     EvalSet,
     Generation,
@@ -91,7 +91,8 @@ class _Client:
 def _state(message: env_pb2.EpisodeState) -> EpisodeState:
     return EpisodeState(episode_id=message.episode_id, text=message.observation.text,
                         images=[image.data for image in message.observation.images], reward=message.reward,
-                        done=message.done, info=MessageToDict(message.info))
+                        done=message.done, info=MessageToDict(message.info), state_key=message.state_key,
+                        truncated=message.truncated)
 
 
 def _spec(message: env_pb2.EpisodeSpec) -> TaskSpec:
@@ -109,6 +110,18 @@ class EnvClient(_Client):
     def __init__(self, address: str, policy: CallPolicy) -> None:
         super().__init__(address, policy)
         self.stub = env_pb2_grpc.EnvServiceStub(self.channel)
+
+    async def info(self) -> EnvInfo:
+        reply = await self.call("GetEnvInfo", self.stub.GetEnvInfo, env_pb2.GetEnvInfoRequest())
+        return EnvInfo(name=reply.name, actions=list(reply.actions), capabilities=list(reply.capabilities),
+                       eval_sets=list(reply.eval_sets))
+
+    async def training_tasks(self, seed: str, count: int, max_moves: int,
+                             options: Mapping[str, str]) -> list[TaskSpec]:
+        """`count` training tasks the env draws from `seed` (never a task of its eval sets)."""
+        reply = await self.call("GetTrainingTasks", self.stub.GetTrainingTasks, env_pb2.GetTrainingTasksRequest(
+            seed=seed, count=count, max_moves=max_moves, options=dict(options)))
+        return [_spec(spec) for spec in reply.specs]
 
     async def create_episodes(self, specs: Sequence[TaskSpec]) -> list[EpisodeState]:
         request = env_pb2.CreateEpisodesRequest(specs=[
@@ -191,61 +204,6 @@ class RolloutClient(_Client):
                          sleep_supported=bool(reply.sleep_supported))
 
 
-class Rollouts:
-    """The rollout replicas of a run, as one: a batch is split across them, and an episode (named
-    by its key) stays on the replica that served its first turn, so that replica's prefix cache
-    holds its conversation turn after turn. Adapter loads, sleeps and wake-ups go to every replica
-    at once; each must confirm."""
-
-    def __init__(self, clients: Sequence[RolloutClient]) -> None:
-        self.clients = list(clients)
-        self._home: dict[str, int] = {}  # episode key -> replica index
-        self._next = 0
-
-    def __len__(self) -> int:
-        return len(self.clients)
-
-    def replica_of(self, key: str) -> int:
-        """The replica an episode is served by: assigned round-robin at its first turn."""
-        if key not in self._home:
-            self._home[key] = self._next % len(self.clients)
-            self._next += 1
-        return self._home[key]
-
-    def forget(self, keys: Iterable[str]) -> None:
-        """Episodes that are over no longer hold a replica."""
-        for key in keys:
-            self._home.pop(key, None)
-
-    async def generate(self, prompts: Sequence[Prompt], keys: Sequence[str]) -> list[Generation]:
-        """One completion per prompt, in order; each replica gets its episodes' prompts in one call,
-        all replicas at once."""
-        assert len(prompts) == len(keys)
-        shares: dict[int, list[int]] = {}
-        for index, key in enumerate(keys):
-            shares.setdefault(self.replica_of(key), []).append(index)
-        replies = await asyncio.gather(*(self.clients[replica].generate([prompts[i] for i in indices])
-                                         for replica, indices in shares.items()))
-        results: list[Generation | None] = [None] * len(prompts)
-        for indices, generations in zip(shares.values(), replies, strict=True):
-            for index, generation in zip(indices, generations, strict=True):
-                results[index] = generation
-        assert all(r is not None for r in results), "a replica answered fewer prompts than it was sent"
-        return results  # type: ignore[return-value]
-
-    async def load_adapter(self, run_id: str, version: int, path: str, manifest_sha256: str = "") -> None:
-        await asyncio.gather(*(c.load_adapter(run_id, version, path, manifest_sha256) for c in self.clients))
-
-    async def sleep(self, level: int = 1) -> None:
-        await asyncio.gather(*(c.sleep(level) for c in self.clients))
-
-    async def wake_up(self) -> None:
-        await asyncio.gather(*(c.wake_up() for c in self.clients))
-
-    async def model_info(self) -> ModelInfo:
-        return await self.clients[0].model_info()
-
-
 class LearnerClient(_Client):
     service = "learner"
 
@@ -283,47 +241,3 @@ class LearnerClient(_Client):
     async def state(self, run_id: str) -> LearnerState:
         return _learner_state(await self.call("GetState", self.stub.GetState,
                                               learner_pb2.GetStateRequest(run_id=run_id)))
-
-
-@dataclass
-class Services:
-    """The clients one run talks to."""
-
-    env: EnvClient
-    rollouts: Rollouts
-    learner: LearnerClient
-
-    @classmethod
-    def connect(cls, env: str, rollouts: list[str], learner: str, policy: CallPolicy) -> Services:
-        if not rollouts:
-            raise ValueError("at least one rollout replica address is needed")
-        return cls(EnvClient(env, policy), Rollouts([RolloutClient(a, policy) for a in rollouts]),
-                   LearnerClient(learner, policy))
-
-    def all(self) -> list[_Client]:
-        return [self.env, *self.rollouts.clients, self.learner]
-
-    async def first_unhealthy(self) -> _Client | None:
-        """The first service that is not SERVING (all are checked at once), or None."""
-        clients = self.all()
-        results = await asyncio.gather(*(c.healthy() for c in clients))
-        return next((client for client, ok in zip(clients, results, strict=True) if not ok), None)
-
-    async def require_healthy(self) -> None:
-        """Raises ServiceError naming the first service that is not SERVING."""
-        client = await self.first_unhealthy()
-        if client is not None:
-            raise ServiceError(client.service, client.address, "Health.Check", "NOT_SERVING",
-                               "the service is down or not ready")
-
-    async def wait_healthy(self, timeout_s: float, poll_s: float = 2.0) -> None:
-        """Waits until every service is SERVING; raises require_healthy's ServiceError after `timeout_s`."""
-
-        async def all_healthy() -> bool:
-            return await self.first_unhealthy() is None
-
-        if not await poll_until(all_healthy, timeout_s, poll_s):
-            await self.require_healthy()
-
-    async def close(self) -> None:
-        await asyncio.gather(*(c.close() for c in self.all()))

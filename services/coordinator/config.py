@@ -8,19 +8,15 @@ writes its part to `runs/<run_id>/learner_config.json` on shared storage.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.config_files import read_config_file
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT
-from services.common.maze import Cell, num_cells_per_side, option_flag, parse_cell
 from services.common.training import LoraSettings, LossSettings, OptimSettings, TrainSettings
-from services.coordinator.advantages import Normalize, PathCredit
-
-# Which episodes hindsight replays (services/coordinator/hindsight.py).
-Replayed = Literal["failed", "solved", "both"]
+from services.coordinator.advantages import Normalize
 
 
 class _Strict(BaseModel):
@@ -28,43 +24,15 @@ class _Strict(BaseModel):
 
 
 class EnvSettings(_Strict):
-    """The environment every episode of the run plays."""
+    """The environment every episode of the run plays (whatever server answers at the env address)."""
 
-    size: int = Field(9, ge=5, le=51, description="Odd maze grid side including the outer wall (9 = 4x4 cells).")
-    max_moves: int = Field(20, ge=1, le=1000, description="Move budget per episode.")
+    name: str = Field("", max_length=100, description="The environment the run expects (its GetEnvInfo name, "
+                                                      "e.g. 'maze'); a run on another is refused ('' = any).")
+    max_moves: int = Field(20, ge=1, le=1000, description="Move budget per training episode.")
     options: dict[str, str] = Field(
-        default_factory=dict, description="Extra environment options passed through unchanged."
+        default_factory=dict, description="Environment settings of every training task, passed through "
+                                          "unchanged (the maze: size, unit_px, require_stop, start, goal).",
     )
-    random_start: float = Field(
-        0.0, ge=0.0, le=1.0,
-        description="Share of training mazes whose episodes start on a cell drawn uniformly among those other "
-                    "than the goal (exploring starts); evals always start where the eval set says.",
-    )
-
-    @model_validator(mode="after")
-    def _odd(self) -> EnvSettings:
-        if self.size % 2 == 0:
-            raise ValueError(f"env.size must be odd, got {self.size}")
-        if "size" in self.options:  # the seeds' layouts are checked against eval sets at env.size
-            raise ValueError("set the maze size with env.size, not env.options.size")
-        if self.random_start > 0:
-            if "start" in self.options:
-                raise ValueError("env.random_start draws the start cell: it cannot be combined with env.options.start")
-            self.goal_cell()  # a ValueError saying what is wrong with env.options.goal
-        return self
-
-    def spec_options(self) -> dict[str, str]:
-        return {"size": str(self.size), **self.options}
-
-    def goal_cell(self) -> Cell:
-        """The goal as the maze env reads `options.goal`, else the bottom-right cell."""
-        side = num_cells_per_side(self.size)
-        if "goal" not in self.options:
-            return side - 1, side - 1
-        try:
-            return parse_cell(self.options["goal"], side)
-        except ValueError as error:
-            raise ValueError(f"env.options.goal: {error}") from None
 
 
 class SamplingSettings(_Strict):
@@ -91,45 +59,23 @@ class GrpoSettings(_Strict):
     )
     discount: float = Field(
         1.0, gt=0.0, le=1.0,
-        description="gamma: an episode's return is gamma**(turns - 1) * reward (1 = the plain reward).",
+        description="gamma: an episode's return is the sum of gamma**t times turn t's reward (1 = the plain "
+                    "sum of rewards).",
+    )
+    credit: str = Field(
+        "grpo", description="Credit assignment variant (services/coordinator/credit.py): 'grpo' (the episode's "
+                            "group-relative advantage on every turn) or 'gigpo' (needs the env's state keys).",
     )
     step_advantage_weight: float = Field(
-        0.0, ge=0.0, le=10.0,
-        description="GiGPO: weight of the step-level advantage among a group's turns taken from the same "
-                    "observation images, on returns discounted by `discount` (0 = episode-level GRPO only).",
-    )
-    noop_penalty: float = Field(
-        0.0, ge=0.0, le=10.0,
-        description="Subtracted from the advantage of every turn after which the observation images did not "
-                    "change (a wall bump in the maze), whatever the episode's reward (0 = off).",
+        1.0, ge=0.0, le=10.0,
+        description="With credit 'gigpo': weight of the step-level advantage among a group's turns taken from "
+                    "the same environment state, on returns-to-go discounted by `discount`.",
     )
     invalid_penalty: float = Field(
         0.0, ge=0.0, le=10.0,
         description="Subtracted from the advantage of every turn whose action the env could not read (its "
                     "info.invalid: e.g. two moves run together, 'downright'), whatever the episode's reward "
                     "(0 = off).",
-    )
-    path_credit: PathCredit = Field(
-        "off",
-        description="In an episode that scored above its group's mean, only the turns on its loop-erased path "
-                    "(wall bumps and detours that came back cut out) carry the episode's advantage: 'drop' gives "
-                    "the other turns 0, 'shift' also moves their credit onto the path's turns.",
-    )
-    hindsight_advantage: float = Field(
-        0.0, ge=0.0, le=10.0,
-        description="Hindsight replay: the episodes `hindsight_episodes` names (of kept and dropped groups) "
-                    "are played again along their loop-erased path (failed ones with the cell they ended on as "
-                    "the goal) and trained on with this advantage on every action (0 = off; see "
-                    "services/coordinator/hindsight.py).",
-    )
-    hindsight_max_episodes: int = Field(
-        32, ge=1, le=4096, description="At most this many relabelled episodes per step (spread over the mazes)."
-    )
-    hindsight_episodes: Replayed = Field(
-        "failed",
-        description="Which episodes hindsight replays along their loop-erased path: 'failed' (to the cell they "
-                    "ended on), 'solved' (those with bumps or detours, to their own goal: self-imitation of the "
-                    "clean way) or 'both'.",
     )
     dynamic_sampling: bool = Field(
         False, description="DAPO: drop groups whose rewards are all equal and play more mazes."
@@ -150,6 +96,11 @@ class GrpoSettings(_Strict):
 
     @model_validator(mode="after")
     def _some_sampled(self) -> GrpoSettings:
+        from services.coordinator.credit import VARIANTS  # credit.py reads these settings
+
+        if self.credit not in VARIANTS:
+            raise ValueError(f"grpo.credit {self.credit!r} is not a registered variant "
+                             f"(known: {', '.join(sorted(VARIANTS))})")
         if self.greedy_per_group >= self.group_size:
             raise ValueError(f"grpo.greedy_per_group ({self.greedy_per_group}) must leave sampled episodes in a "
                              f"group of grpo.group_size {self.group_size}: greedy episodes of one maze are all alike")
@@ -170,7 +121,7 @@ class EvalSettings(_Strict):
 class Endpoints(_Strict):
     """Service addresses; empty values fall back to the coordinator's settings (MMRL_*_ADDR)."""
 
-    env: str = Field("", description="host:port of the env service.")
+    env: list[str] = Field(default_factory=list, description="host:port of every env replica.")
     rollout: list[str] = Field(default_factory=list, description="host:port of every rollout replica.")
     learner: str = Field("", description="host:port of the learner (rank 0).")
 
@@ -206,9 +157,6 @@ class RunConfig(_Strict):
         if self.optim.lr_schedule == "cosine" and self.optim.warmup_steps >= self.steps * self.optim.steps_per_train_step:
             raise ValueError("optim.warmup_steps must be shorter than the run (steps x num_minibatches x epochs "
                              "optimiser steps) to leave room for the cosine decay")
-        if self.grpo.hindsight_advantage > 0 and option_flag(self.env.options.get("require_stop", "")):
-            raise ValueError("grpo.hindsight_advantage replays the loop-erased path, which drops the final "
-                             "'stop' that env.options.require_stop needs: every replay would go unsolved")
         if self.grpo.async_rollout and self.loss.old_logprobs == "rollout":
             raise ValueError("grpo.async_rollout samples with the version before the learner's, so the "
                              "rollout log-probs are not the old policy (set loss.old_logprobs: learner)")
@@ -250,7 +198,7 @@ class CoordinatorSettings(BaseSettings):
     shared_root: Path = Field(
         Path("./.mmrl/shared"), description="Shared storage root, the same directory every service uses (/shared in containers)."
     )
-    env_addr: str = Field("127.0.0.1:50051", description="Env service host:port.")
+    env_addr: str = Field("127.0.0.1:50051", description="Comma-separated env replicas (host:port).")
     rollout_addrs: str = Field("127.0.0.1:50052", description="Comma-separated rollout replicas.")
     learner_addr: str = Field("127.0.0.1:50053", description="Learner (rank 0) host:port.")
     rpc_timeout_s: float = Field(600.0, gt=0, description="Deadline of one gRPC call.")
@@ -264,7 +212,11 @@ class CoordinatorSettings(BaseSettings):
 
     def endpoints_for(self, config: RunConfig) -> Endpoints:
         return Endpoints(
-            env=config.endpoints.env or self.env_addr,
-            rollout=config.endpoints.rollout or [a.strip() for a in self.rollout_addrs.split(",") if a.strip()],
+            env=config.endpoints.env or _addresses(self.env_addr),
+            rollout=config.endpoints.rollout or _addresses(self.rollout_addrs),
             learner=config.endpoints.learner or self.learner_addr,
         )
+
+
+def _addresses(text: str) -> list[str]:
+    return [a.strip() for a in text.split(",") if a.strip()]

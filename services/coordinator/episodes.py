@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.conversation import ChatTokens, TokenConversation, Tokenizer
-from services.coordinator.clients import Services
+from services.coordinator.replicas import Services
 from services.coordinator.wire import EpisodeState, Prompt, SamplingParams, TaskSpec
 
 
@@ -36,13 +36,19 @@ class EpisodeResult:
     conversation: TokenConversation
     actions: list[str] = field(default_factory=list)
     frames: list[bytes] = field(default_factory=list)
-    reward: float = 0.0
+    # One reward per turn (the env's reward of that transition).
+    rewards: list[float] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    # The episode ended because the task did (terminated) or was cut at its move budget or the
+    # run's turn limit (truncated); neither while it runs.
+    terminated: bool = False
+    truncated: bool = False
     adapter_version: int = 0
     episode_id: str = ""
-    # One digest per turn of the images the action was chosen from: equal digests within a group
-    # mark the same environment state (step-level advantages group turns by it).
+    # One digest per turn of the images the action was chosen from (equal: the observation did not
+    # change), and the env's state key of that observation ("" where the env gives none).
     observation_keys: list[str] = field(default_factory=list)
+    state_keys: list[str] = field(default_factory=list)
     # The digest of the observation the episode ended on ("" while it runs): where it got to.
     final_observation_key: str = ""
     # One flag per turn: the env could not read the action (its `info.invalid`, e.g. "downright").
@@ -50,6 +56,11 @@ class EpisodeResult:
     # Prompt tokens the engine saw over all turns, and how many of them its prefix cache held.
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
+
+    @property
+    def reward(self) -> float:
+        """The undiscounted sum of the turns' rewards."""
+        return sum(self.rewards)
 
     @property
     def solved(self) -> bool:
@@ -135,7 +146,8 @@ async def play_episodes(
         results.append(EpisodeResult(spec=spec, group_index=index // samples_per_spec, conversation=conv,
                                      frames=list(conv.images) if keep_frames else [],
                                      adapter_version=adapter_version, episode_id=state.episode_id,
-                                     observation_keys=[observation_key(conv.images)]))
+                                     observation_keys=[observation_key(conv.images)],
+                                     state_keys=[state.state_key]))
     active = list(range(len(results)))
     try:
         for turn in range(max_turns):
@@ -170,18 +182,22 @@ async def play_episodes(
             still_active = []
             for i, state in zip(active, stepped, strict=True):
                 episode = results[i]
-                episode.reward = state.reward
+                episode.rewards.append(state.reward)
                 episode.info = state.info
                 episode.invalid_turns.append(bool(episode.info.get("invalid", False)))
                 if keep_frames:
                     episode.frames += state.images
                 if state.done:
                     episode.final_observation_key = observation_key(state.images)
+                    episode.terminated, episode.truncated = not state.truncated, state.truncated
                     continue
                 episode.conversation.add_observation(tokenizer, state.text, state.images)
                 episode.observation_keys.append(observation_key(state.images))
+                episode.state_keys.append(state.state_key)
                 still_active.append(i)
             active = still_active
+        for i in active:  # still running at the turn limit
+            results[i].truncated = True
     finally:
         ids = [r.episode_id for r in results]
         services.rollouts.forget(ids)

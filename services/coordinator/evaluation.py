@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from services.common.conversation import ChatTokens, Tokenizer
-from services.coordinator.clients import Services
 from services.coordinator.episodes import EpisodeResult, Sampling, Timers, invalid_fraction, play_episodes
+from services.coordinator.replicas import Services
 from services.coordinator.wire import TaskSpec
 
 

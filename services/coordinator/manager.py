@@ -18,8 +18,9 @@ from redis.exceptions import RedisError
 
 from services.common.conversation import ChatTokens
 from services.common.waiting import poll_until
-from services.coordinator.clients import CallPolicy, ServiceError, Services
+from services.coordinator.clients import CallPolicy, ServiceError
 from services.coordinator.config import CoordinatorSettings, RunConfig
+from services.coordinator.replicas import Services
 from services.coordinator.runloop import ConfigRefused, RunContext, execute_run
 from services.coordinator.store import TERMINAL, RunState, RunStore, new_run_id, state_change
 

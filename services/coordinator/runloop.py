@@ -3,12 +3,13 @@
 Resumability: at the start of a run the learner saves a step-0 checkpoint; every
 `checkpoint_interval` steps it saves another. A (re)started loop rolls the learner back to its
 newest complete checkpoint, forgets the coordinator records of later steps and replays them: the
-maze seeds of a step are a function of (run seed, step), so each step is recorded exactly once.
+env draws a step's tasks from a seed that is a function of (run seed, step), so each step is
+recorded exactly once.
 
 With `grpo.async_rollout` the episodes of step s+1 are played while the learner trains on step s,
 by adapter version s-1 (the one step s started from): the learner, at version s when it trains on
 them, is one version ahead of the policy that sampled its batch (truncated importance sampling,
-`grpo.tis_cap`, corrects for it). Replicas load a new version only between two steps' sampling.
+`loss.tis_cap`, corrects for it). Replicas load a new version only between two steps' sampling.
 A replayed step after a restart is sampled by the restored version, so it is on-policy.
 """
 
@@ -26,10 +27,10 @@ from typing import Any
 
 from services.common.conversation import ChatTokens, Tokenizer
 from services.common.trajectory import Trajectory
-from services.coordinator import hindsight
 from services.coordinator.advantages import is_informative
-from services.coordinator.clients import ServiceError, Services
+from services.coordinator.clients import ServiceError
 from services.coordinator.config import RunConfig
+from services.coordinator.credit import group_returns
 from services.coordinator.episodes import (
     EpisodeResult,
     Sampling,
@@ -39,16 +40,11 @@ from services.coordinator.episodes import (
     prefix_cached_fraction,
 )
 from services.coordinator.evaluation import EvalPlan, episode_record, eval_turn_limit, run_eval
+from services.coordinator.replicas import Services
 from services.coordinator.store import RunState, RunStore, state_change
-from services.coordinator.tasks import (
-    ConfigRefused,
-    require_action_budget,
-    spec_layouts,
-    step_seeds,
-    training_options,
-)
-from services.coordinator.trajectories import group_returns, interleave, noop_fraction, to_trajectories
-from services.coordinator.wire import TaskSpec, TrainResult
+from services.coordinator.tasks import ConfigRefused, require_action_budget, require_env, task_seed
+from services.coordinator.trajectories import noop_fraction, to_trajectories
+from services.coordinator.wire import TrainResult
 
 __all__ = ["ConfigRefused", "RunContext", "execute_run", "serve_request"]
 
@@ -69,12 +65,11 @@ class RunContext:
 @dataclass(frozen=True)
 class Start:
     """Where a (re)started run begins: the last completed step, the adapter version the replicas
-    serve, the eval plan, and the layouts training must not play."""
+    serve, and the eval plan."""
 
     step: int
     adapter_version: int
     plan: EvalPlan
-    eval_layouts: frozenset[bytes]
 
 
 def serve_request(run: dict[str, Any], checkpointed: bool = True) -> dict[str, Any]:
@@ -106,19 +101,15 @@ async def execute_run(ctx: RunContext) -> RunState:
             if pending is not None:
                 sampled, pending = await pending, None
             else:
-                sampled = await sample_step(ctx, step, adapter_version, sampling, start.eval_layouts)
+                sampled = await sample_step(ctx, step, adapter_version, sampling)
 
-            # 4. Group-relative advantages on the coordinator; the learner only sees per-token arrays.
-            trajectories = to_trajectories(sampled.groups, cfg.grpo.advantage_norm, step, cfg.grpo.discount,
-                                           cfg.grpo.step_advantage_weight, cfg.grpo.noop_penalty,
-                                           cfg.grpo.path_credit, cfg.grpo.invalid_penalty)
-            relabelled = await hindsight_trajectories(ctx, step, sampled)
+            # 4. Advantages on the coordinator (credit.py); the learner only sees per-token arrays.
+            trajectories = to_trajectories(sampled.groups, cfg.grpo, step)
 
             # 5. Train; with async_rollout the next step is sampled meanwhile, by this step's policy.
             if cfg.grpo.async_rollout and step < cfg.steps:  # (never colocated: the config refuses both)
-                pending = asyncio.create_task(sample_step(ctx, step + 1, adapter_version, sampling,
-                                                          start.eval_layouts))
-            train = await train_step(ctx, interleave(trajectories, relabelled), sampled.timers)
+                pending = asyncio.create_task(sample_step(ctx, step + 1, adapter_version, sampling))
+            train = await train_step(ctx, trajectories, sampled.timers)
             if pending is not None:
                 await asyncio.wait([pending])  # replicas load the new version between two steps' sampling
 
@@ -127,8 +118,7 @@ async def execute_run(ctx: RunContext) -> RunState:
 
             # Record the step (metrics + episodes + counter) atomically.
             sampled.timers.seconds["step"] = time.perf_counter() - step_started
-            metrics = step_metrics(cfg, step, sampled, trajectories, len(relabelled), train, sampled_with,
-                                   adapter_version)
+            metrics = step_metrics(cfg, step, sampled, trajectories, train, sampled_with, adapter_version)
             records = {e.episode_id: episode_record(e, step=step, kind="train")
                        for group in sampled.groups for e in group}
             await ctx.store.commit_step(ctx.run_id, step, metrics, records)
@@ -154,7 +144,9 @@ async def start_or_resume(ctx: RunContext) -> Start:
     first), forgets the records of later steps, has the replicas serve the restored adapter, marks
     the run running and runs the step-0 eval if it has not run."""
     cfg, run_id, svc, store = ctx.config, ctx.run_id, ctx.services, ctx.store
-    require_action_budget(ctx.tokenizer, cfg.sampling.max_tokens)
+    env = await svc.env.info()
+    require_env(cfg, env)
+    require_action_budget(ctx.tokenizer, cfg.sampling.max_tokens, env.actions)
     if cfg.colocated and not (await svc.rollouts.model_info()).sleep_supported:
         raise ConfigRefused("colocated mode needs vLLM sleep mode, which needs a GPU; "
                             "this rollout backend does not support it (set colocated: false)")
@@ -182,10 +174,7 @@ async def start_or_resume(ctx: RunContext) -> Start:
                     system_prompt=cfg.system_prompt)
     if start_step == 0 and 0 not in {int(e["step"]) for e in await store.evals(run_id)}:
         await evaluate(ctx, plan, step=0, adapter_version=adapter_version, timers=Timers())
-    # Eval sets hold only layouts reserved for them, which training skips; the run's set is excluded by
-    # layout as well, so that no maze it evaluates on is trained on even if a set broke that rule.
-    return Start(step=start_step, adapter_version=adapter_version, plan=plan,
-                 eval_layouts=spec_layouts(eval_set.specs, cfg.env.size))
+    return Start(step=start_step, adapter_version=adapter_version, plan=plan)
 
 
 async def serve_step_boundary(ctx: RunContext, step: int, checkpoint_step: int) -> tuple[RunState | None, int]:
@@ -199,19 +188,6 @@ async def serve_step_boundary(ctx: RunContext, step: int, checkpoint_step: int) 
         checkpoint_step = await save_checkpoint(ctx, step - 1)
         served = await store.change_run(run_id, serve_request)  # unless withdrawn meanwhile
     return (RunState(served["state"]) if served else None), checkpoint_step
-
-
-async def hindsight_trajectories(ctx: RunContext, step: int, sampled: SampledStep) -> list[Trajectory]:
-    """With hindsight relabelling, failed episodes replayed to where they ended (and/or solved ones
-    along their clean way), as extra trajectories; none otherwise."""
-    grpo = ctx.config.grpo
-    if grpo.hindsight_advantage <= 0.0:
-        return []
-    relabels = hindsight.select(sampled.groups + sampled.dropped, grpo.hindsight_max_episodes,
-                                grpo.hindsight_episodes)
-    convs = await hindsight.replay(ctx.services, ctx.tokenizer, ctx.chat, relabels,
-                                   system_prompt=ctx.config.system_prompt, timers=sampled.timers)
-    return hindsight.to_trajectories(convs, grpo.hindsight_advantage, step, sampled.adapter_version)
 
 
 async def train_step(ctx: RunContext, trajectories: list[Trajectory], timers: Timers) -> TrainResult:
@@ -236,7 +212,7 @@ async def train_step(ctx: RunContext, trajectories: list[Trajectory], timers: Ti
 
 
 def step_metrics(cfg: RunConfig, step: int, sampled: SampledStep, trajectories: list[Trajectory],
-                 num_relabelled: int, train: TrainResult, sampled_with: int, published: int) -> dict[str, Any]:
+                 train: TrainResult, sampled_with: int, published: int) -> dict[str, Any]:
     """The step's record: rewards and episodes, groups, tokens, adapter versions, the learner's
     metrics (train/*) and the time spent on each service (time/*_s)."""
     flat = [e for group in sampled.groups for e in group]
@@ -253,7 +229,6 @@ def step_metrics(cfg: RunConfig, step: int, sampled: SampledStep, trajectories: 
         "groups/num": len(sampled.groups),
         "groups/num_informative": sum(is_informative(group_returns(g, cfg.grpo.discount)) for g in sampled.groups),
         "groups/num_dropped": sampled.num_dropped,
-        "hindsight/num": num_relabelled,
         "tokens/generated": sum(sum(t.loss_mask) for t in trajectories),
         "adapter/sampled_with": sampled_with,
         "adapter/published": published,
@@ -279,8 +254,7 @@ class SampledStep:
         return len(self.dropped)
 
 
-async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling: Sampling,
-                      eval_layouts: frozenset[bytes]) -> SampledStep:
+async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling: Sampling) -> SampledStep:
     """Plays the B groups of one step with one adapter version. With dynamic sampling, each round
     plays the mazes still needed plus `extra_mazes`; groups whose rewards are all equal are
     dropped, and the informative ones fill the batch in play order. After `max_sampling_rounds`
@@ -295,11 +269,9 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
     rounds = cfg.grpo.max_sampling_rounds if dynamic else 1
     for round_index in range(rounds):
         needed = cfg.grpo.mazes_per_step - len(groups)
-        seeds = step_seeds(cfg.seed, step, round_index, needed + (cfg.grpo.extra_mazes if dynamic else 0),
-                           cfg.env.size, eval_layouts)
-        specs = [TaskSpec(seed=s, max_moves=cfg.env.max_moves,
-                          options=training_options(cfg.env, cfg.seed, step, round_index, s))
-                 for s in seeds]
+        specs = await ctx.services.env.training_tasks(
+            task_seed(cfg.seed, step, round_index), needed + (cfg.grpo.extra_mazes if dynamic else 0),
+            cfg.env.max_moves, cfg.env.options)
         episodes = await play_episodes(
             ctx.services, ctx.tokenizer, ctx.chat, specs, samples_per_spec=cfg.grpo.group_size,
             sampling=sampling, run_id=ctx.run_id, adapter_version=adapter_version,
@@ -309,7 +281,7 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
         num_played += len(episodes)
         keep: list[list[EpisodeResult]] = []
         uninformative = []
-        for g in range(len(seeds)):
+        for g in range(len(specs)):
             group = episodes[g * cfg.grpo.group_size:(g + 1) * cfg.grpo.group_size]
             informative = not dynamic or is_informative(group_returns(group, cfg.grpo.discount))
             (keep if informative else uninformative).append(group)

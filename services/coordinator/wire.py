@@ -29,6 +29,16 @@ class EvalSet:
 
 
 @dataclass(frozen=True)
+class EnvInfo:
+    """What an environment is and offers (GetEnvInfo)."""
+
+    name: str
+    actions: list[str]
+    capabilities: list[str]
+    eval_sets: list[str]
+
+
+@dataclass(frozen=True)
 class EpisodeState:
     """An episode after CreateEpisodes or a Step: its observation (images and text), the reward of
     the last turn, whether it is over, and the env's info map."""
@@ -39,6 +49,8 @@ class EpisodeState:
     reward: float = 0.0
     done: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    state_key: str = ""  # "" where the env gives none
+    truncated: bool = False  # done because the move budget ran out
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from services.common.maze import generate_maze
+from services.common.maze import ACTIONS, generate_maze
 from services.common.messages import shown
 from services.env.config import EnvConfig
 from services.env.episode import Episode
 from services.env.errors import EnvError, ErrorCode, invalid
-from services.env.evalset import EvalSet, get_eval_set
+from services.env.evalset import RECIPES, EvalSet, get_eval_set
 from services.env.render import MazeRenderer
-from services.env.spec import EpisodeSettings, SpecLike, parse_spec
+from services.env.spec import EpisodeSettings, EpisodeSpec, SpecLike, parse_spec
 from services.env.store import EpisodeStore
+from services.env.tasks import draw_training_seeds
 
 
 class ActionLike(Protocol):
@@ -44,6 +45,8 @@ class EpisodeView:
     text: str
     reward: float
     done: bool
+    truncated: bool
+    state_key: str
     static_info: tuple[tuple[str, Any], ...]
     """Info fields fixed for the episode (hashable)."""
     dynamic_info: dict[str, Any]
@@ -59,13 +62,27 @@ class EpisodeView:
 def view(episode_id: str, episode: Episode) -> EpisodeView:
     return EpisodeView(
         episode_id=episode_id, frame_png=episode.frame(), text=episode.text(),
-        reward=episode.reward, done=episode.done, static_info=episode.static_info,
+        reward=episode.reward, done=episode.done, truncated=episode.truncated, state_key=episode.state_key(),
+        static_info=episode.static_info,
         dynamic_info=episode.dynamic_info(),
     )
 
 
+@dataclass(frozen=True)
+class EnvInfo:
+    """What GetEnvInfo answers (mirrors the proto's EnvInfo)."""
+
+    name: str
+    actions: tuple[str, ...]
+    capabilities: tuple[str, ...]
+    eval_sets: tuple[str, ...]
+
+
 class MazeEnv:
     """Batched maze episodes with a bounded live set, idle expiry and a cache of recent mazes."""
+
+    INFO = EnvInfo(name="maze", actions=ACTIONS, capabilities=("state_keys", "oracle"),
+                   eval_sets=tuple(RECIPES))
 
     def __init__(self, config: EnvConfig | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or EnvConfig()
@@ -132,6 +149,23 @@ class MazeEnv:
         self._check_batch("episode_ids", len(episode_ids))
         self.store.expire()
         return sum(self.store.close(episode_id) for episode_id in episode_ids)
+
+    def info(self) -> EnvInfo:
+        return self.INFO
+
+    def training_tasks(self, seed: str, count: int, max_moves: int, options: dict[str, str]) -> list[EpisodeSpec]:
+        """`count` distinct training mazes drawn from `seed` (services/env/tasks.py), each with these
+        options and move budget; INVALID_ARGUMENT for options or a budget a spec could not have."""
+        self._check_batch("count", count)
+        if count < 0:
+            raise invalid("count", f"must be >= 0, got {count}")
+        probe = EpisodeSpec(seed=0, max_moves=max_moves, options=dict(options))
+        size = parse_spec(probe, self.config, "request").size  # the options and budget, checked
+        try:
+            seeds = draw_training_seeds(seed, count, size)
+        except ValueError as error:
+            raise invalid("count", str(error)) from None
+        return [EpisodeSpec(seed=s, max_moves=max_moves, options=dict(options)) for s in seeds]
 
     def eval_set(self, name: str = "") -> EvalSet:
         """The named eval set ("" = default); NOT_FOUND for an unknown name."""

@@ -46,6 +46,7 @@ class Episode:
         self.position: Cell = maze.start
         self.moves = 0
         self.done = False
+        self.truncated = False  # done because the move budget ran out
         self.solved = False
         self.reward = 0.0
         self.feedback = ""
@@ -99,7 +100,7 @@ class Episode:
         if self.solved:
             self.reward = 1.0
         elif self.moves >= self.settings.max_moves and not self.done:
-            self.done = True
+            self.done = self.truncated = True
             self.feedback = f"{self.feedback} {OUT_OF_MOVES}".lstrip()
 
     def text(self) -> str:
@@ -112,6 +113,11 @@ class Episode:
         if not self.done:
             parts.append(f"Moves left: {self.moves_left}.")
         return " ".join(parts)
+
+    def state_key(self) -> str:
+        """The state this observation shows: the maze (seed, size, start, goal) and the agent's cell."""
+        s = self.settings
+        return f"{s.seed}/{s.size}/{s.start[0]},{s.start[1]}/{s.goal[0]},{s.goal[1]}/{self.position[0]},{self.position[1]}"
 
     def frame(self) -> bytes:
         """PNG bytes of the current frame."""

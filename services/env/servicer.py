@@ -58,6 +58,8 @@ def fill_state(state: env_pb2.EpisodeState, episode: EpisodeView) -> None:
     state.observation.text = episode.text
     state.reward = episode.reward
     state.done = episode.done
+    state.truncated = episode.truncated
+    state.state_key = episode.state_key
     state.info.MergeFromString(_static_info_struct(episode.static_info))
     _set_fields(state.info, episode.dynamic_info)
 
@@ -76,6 +78,19 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
             log.info("request refused", extra={"method": method, "code": error.code.name, "reason": error.message})
             await context.abort(getattr(grpc.StatusCode, error.code.name), error.message)
             raise AssertionError("context.abort returned") from error
+
+    async def GetEnvInfo(self, request: env_pb2.GetEnvInfoRequest, context: grpc.aio.ServicerContext) -> env_pb2.EnvInfo:
+        info = self.env.info()
+        return env_pb2.EnvInfo(name=info.name, actions=info.actions, capabilities=info.capabilities,
+                               eval_sets=info.eval_sets)
+
+    async def GetTrainingTasks(
+        self, request: env_pb2.GetTrainingTasksRequest, context: grpc.aio.ServicerContext
+    ) -> env_pb2.GetTrainingTasksResponse:
+        specs = await self._call(context, "GetTrainingTasks", lambda: self.env.training_tasks(
+            request.seed, request.count, request.max_moves, dict(request.options)))
+        return env_pb2.GetTrainingTasksResponse(specs=[
+            env_pb2.EpisodeSpec(seed=spec.seed, max_moves=spec.max_moves, options=dict(spec.options)) for spec in specs])
 
     async def CreateEpisodes(
         self, request: env_pb2.CreateEpisodesRequest, context: grpc.aio.ServicerContext

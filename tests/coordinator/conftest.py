@@ -9,7 +9,8 @@ import pytest
 from mmrl.v1 import env_pb2_grpc
 from services.common.grpc_server import start_server
 from services.common.procs import free_port, start_redis, stop_process
-from services.coordinator.clients import CallPolicy, EnvClient, Rollouts, Services
+from services.coordinator.clients import CallPolicy, EnvClient
+from services.coordinator.replicas import Envs, Rollouts, Services
 from services.coordinator.runloop import RunContext
 from services.env.config import EnvConfig
 from services.env.environment import MazeEnv
@@ -44,7 +45,7 @@ async def env_services() -> AsyncIterator[Services]:
         lambda server: env_pb2_grpc.add_EnvServiceServicer_to_server(servicer, server), SERVICE_NAME, "127.0.0.1:0"
     )
     env = EnvClient(f"127.0.0.1:{running.port}", CallPolicy(retries=0))
-    yield Services(env=env, rollouts=Rollouts([]), learner=None)  # type: ignore[arg-type]
+    yield Services(env=Envs([env]), rollouts=Rollouts([]), learner=None)  # type: ignore[arg-type]
     await env.close()
     await running.stop(grace_s=0)
 
@@ -53,7 +54,7 @@ async def env_services() -> AsyncIterator[Services]:
 def held_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     """Runs whose services answer and whose loop waits until the event is set, then succeeds."""
     from services.coordinator import manager as manager_module
-    from services.coordinator.clients import Services
+    from services.coordinator.replicas import Services
     from services.coordinator.store import RunState
 
     release = threading.Event()

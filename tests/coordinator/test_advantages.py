@@ -52,37 +52,39 @@ def test_bad_inputs_raise_value_error() -> None:
         group_advantages([1.0], normalize="bogus")  # type: ignore[arg-type]
 
 
-def test_discounted_return_decays_with_the_turns_taken() -> None:
-    assert discounted_return(1.0, 1, 0.9) == 1.0
-    assert math.isclose(discounted_return(1.0, 7, 0.9), 0.9**6)
-    assert discounted_return(0.0, 20, 0.9) == 0.0
-    assert discounted_return(1.0, 12, 1.0) == 1.0  # no discount: the plain reward
+def test_the_return_sums_every_turns_reward_discounted_by_its_turn() -> None:
+    assert discounted_return([1.0], 0.9) == 1.0
+    assert math.isclose(discounted_return([0.0] * 6 + [1.0], 0.9), 0.9**6)  # sparse: the last turn's
+    assert discounted_return([0.0] * 20, 0.9) == 0.0
+    assert discounted_return([0.0] * 11 + [1.0], 1.0) == 1.0  # no discount: the plain reward
+    assert math.isclose(discounted_return([0.5, -0.25, 1.0], 0.5), 0.5 - 0.125 + 0.25)  # shaped rewards
 
 
 def test_with_a_discount_the_faster_of_two_solvers_gets_the_positive_advantage() -> None:
-    returns = [discounted_return(1.0, turns, 0.9) for turns in (6, 10)]
+    returns = [discounted_return([0.0] * (turns - 1) + [1.0], 0.9) for turns in (6, 10)]
     assert not is_informative([1.0, 1.0]) and is_informative(returns)
     fast, slow = group_advantages(returns)
     assert fast > 0 > slow
 
 
-def test_bad_discounts_and_turn_counts_raise_value_error() -> None:
+def test_bad_discounts_and_empty_episodes_raise_value_error() -> None:
     for discount in (0.0, -0.5, 1.5):
         with pytest.raises(ValueError):
-            discounted_return(1.0, 3, discount)
+            discounted_return([0.0, 1.0], discount)
     with pytest.raises(ValueError):
-        discounted_return(1.0, 0, 0.9)
+        discounted_return([], 0.9)
 
 
-def test_returns_to_go_are_discounted_from_the_last_turn() -> None:
-    assert returns_to_go(1.0, 3, 0.5) == [0.25, 0.5, 1.0]
-    assert returns_to_go(0.0, 2, 0.5) == [0.0, 0.0]
+def test_returns_to_go_sum_the_discounted_rewards_from_each_turn_on() -> None:
+    assert returns_to_go([0.0, 0.0, 1.0], 0.5) == [0.25, 0.5, 1.0]
+    assert returns_to_go([0.0, 0.0], 0.5) == [0.0, 0.0]
+    assert returns_to_go([1.0, 0.0, 2.0], 0.5) == [1.5, 1.0, 2.0]
 
 
 def test_step_advantages_compare_turns_taken_from_the_same_state() -> None:
     # Episode 0: A -> B -> goal. Episode 1: A, bumps a wall (still A), then A -> B -> goal.
     states = [["A", "B"], ["A", "A", "B"]]
-    returns = [returns_to_go(1.0, 2, 0.5), returns_to_go(1.0, 3, 0.5)]  # [0.5, 1], [0.25, 0.5, 1]
+    returns = [returns_to_go([0.0, 1.0], 0.5), returns_to_go([0.0, 0.0, 1.0], 0.5)]  # [0.5, 1], [0.25, 0.5, 1]
     adv = step_advantages(states, returns, normalize="none")
     # State A was acted from three times, with returns 0.5, 0.25, 0.5 (mean 5/12).
     assert adv[0][0] == pytest.approx(0.5 - 5 / 12) and adv[1][0] == pytest.approx(0.25 - 5 / 12)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -11,6 +12,14 @@ from services.coordinator import runloop
 from services.coordinator.config import RunConfig
 from services.coordinator.episodes import EpisodeResult, Sampling
 from services.coordinator.wire import TaskSpec
+
+
+class TaskDraws:
+    """An env that answers GetTrainingTasks with `count` specs."""
+
+    async def training_tasks(self, seed: str, count: int, max_moves: int, options: Any) -> list[TaskSpec]:
+        assert seed.startswith("mmrl:0:1:")
+        return [TaskSpec(seed=k, max_moves=max_moves, options=options) for k in range(count)]
 
 
 def _step(
@@ -36,15 +45,16 @@ def _step(
                 reward = 1.0 if all_solved else float(k % 2) if n in informative else 0.0
                 moves = 4 + k if all_solved and n in informative else 4
                 episodes.append(EpisodeResult(spec=spec, group_index=n, conversation=None,  # type: ignore[arg-type]
-                                              actions=["up"] * moves, reward=reward, episode_id=f"maze{n}"))
+                                              actions=["up"] * moves, rewards=[0.0] * (moves - 1) + [reward],
+                                              episode_id=f"maze{n}"))
         return episodes
 
     monkeypatch.setattr(runloop, "play_episodes", play)
     config = RunConfig.model_validate({"model": "m", "grpo": {
         "group_size": 2, "mazes_per_step": 4, "dynamic_sampling": True, **grpo}})
-    ctx = runloop.RunContext(run_id="r", config=config, services=None, store=None,  # type: ignore[arg-type]
-                             shared_root=None, tokenizer=None, chat=None)  # type: ignore[arg-type]
-    step = asyncio.run(runloop.sample_step(ctx, 1, 0, Sampling(1.0, 1.0, 4), set()))
+    ctx = runloop.RunContext(run_id="r", config=config, services=SimpleNamespace(env=TaskDraws()),  # type: ignore[arg-type]
+                             store=None, shared_root=None, tokenizer=None, chat=None)  # type: ignore[arg-type]
+    step = asyncio.run(runloop.sample_step(ctx, 1, 0, Sampling(1.0, 1.0, 4)))
     return step, per_round
 
 
@@ -71,8 +81,7 @@ def test_the_last_round_fills_the_batch_with_dropped_groups(monkeypatch: pytest.
     # Round 1: mazes 0-4, only 1 informative; round 2: 3 needed + 1 extra = mazes 5-8, 5 informative.
     assert per_round == [5, 4] and _mazes(step) == [1, 5, 6, 7]
     assert step.num_dropped == 9 - 4
-    # What was played and not kept, for hindsight relabelling: round 1's uninformative mazes, then
-    # round 2's one left over.
+    # What was played and not kept: round 1's uninformative mazes, then round 2's one left over.
     assert [group[0].group_index for group in step.dropped] == [0, 2, 3, 4, 8]
 
 

@@ -5,8 +5,8 @@ which replica serves each episode."""
 from __future__ import annotations
 
 from services.common.conversation import expand_image_placeholders
-from services.coordinator.clients import Rollouts, Services
 from services.coordinator.episodes import Sampling, Timers, play_episodes
+from services.coordinator.replicas import Rollouts, Services
 from services.coordinator.wire import Generation, Prompt, TaskSpec
 from tests.coordinator.chat import CHAT, CharTokenizer
 

@@ -9,7 +9,7 @@ from services.coordinator.wire import TaskSpec
 
 def _episode(group: int, solved: bool, moves: int = 6, optimal: int = 6) -> EpisodeResult:
     return EpisodeResult(spec=TaskSpec(seed=group), group_index=group, conversation=None,  # type: ignore[arg-type]
-                         reward=1.0 if solved else 0.0,
+                         rewards=[1.0 if solved else 0.0],
                          info={"solved": solved, "moves": moves, "optimal_moves": optimal})
 
 
