@@ -94,3 +94,33 @@ def test_the_flags_deployments_pass_are_still_accepted() -> None:
         module, _ = cli.COMMANDS[("serve", service)]
         args = vars(importlib.import_module(module).parser().parse_args(argv))
         assert args.get("port") == argv[argv.index("--port") + 1], service
+
+
+def test_every_option_of_every_command_has_help(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each command's parser, caught as its `main` parses: every option and argument (of every action
+    too) says what it is for."""
+    undescribed: list[str] = []
+    seen: list[str] = []
+
+    class Parsed(Exception):
+        pass
+
+    def walk(parser: argparse.ArgumentParser) -> None:
+        seen.append(parser.prog)
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    walk(sub)
+            elif action.dest != "help" and not action.help:
+                undescribed.append(f"{parser.prog} {'/'.join(action.option_strings) or action.dest}")
+
+    def check(parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        walk(parser)
+        raise Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", check)
+    for module, _ in cli.COMMANDS.values():
+        with pytest.raises(Parsed):
+            importlib.import_module(module).main([])
+    assert {"mmrl run start", "mmrl run stop", "mmrl config docs"} <= set(seen)
+    assert len(seen) > len(cli.COMMANDS) and not undescribed, undescribed

@@ -31,11 +31,11 @@ def breakdown(metrics: list[dict], evals: list[dict]) -> dict[str, float]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl bench e2e", description=__doc__)
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    parser.add_argument("--config", type=Path, default=Path("configs/maze-tiny-cpu.yaml"))
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="base model (built there if missing)")
+    parser.add_argument("--config", type=Path, default=Path("configs/maze-tiny-cpu.yaml"), help="GRPO run config")
+    parser.add_argument("--steps", type=int, default=4, help="GRPO steps to time")
     add_overrides(parser, "run config")
-    parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/bench-e2e"))
+    parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/bench-e2e"), help="models, logs, shared root")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
 

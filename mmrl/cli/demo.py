@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl demo", description=__doc__)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL,
                         help="base model (the tiny model is built there if missing)")
-    parser.add_argument("--sft-config", type=Path, default=Path("configs/sft-tiny.yaml"))
+    parser.add_argument("--sft-config", type=Path, default=Path("configs/sft-tiny.yaml"), help="SFT config of the warm start")
     parser.add_argument("--sft-model", type=Path, help="start GRPO from this model directory instead of running SFT")
     parser.add_argument("--config", type=Path, default=Path("configs/maze-tiny-cpu.yaml"), help="GRPO run config")
     add_overrides(parser, "run config")
