@@ -5,7 +5,10 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import pytest
+
 from mmrl.cli import demo
+from services.common.user_errors import UsageError
 
 
 class ScriptedApi:
@@ -83,10 +86,8 @@ def test_a_bad_run_config_is_refused_before_the_sft_runs(monkeypatch, tmp_path) 
 
     monkeypatch.setattr(demo, "sft_checkpoint", no_sft)
     monkeypatch.setattr(demo, "ensure_tiny_model", lambda path: tmp_path)
-    for bad in (["--set", "grpo.group_sise=4"], ["--steps", "0"]):
-        try:
+    for bad, error in ((["--set", "grpo.group_sise=4"], "grpo.group_sise: not a setting here"),
+                       (["--steps", "0"], "steps: Input should be greater than or equal to 1"),
+                       (["grpo.group_size=1"], "grpo.group_size: Input should be greater than or equal to 2")):
+        with pytest.raises(UsageError, match=error):
             demo.main(["--state-dir", str(tmp_path), "--out", str(tmp_path / "out"), *bad])
-        except SystemExit as stop:
-            assert "invalid run config" in str(stop.code), bad
-        else:
-            raise AssertionError(f"{bad} was accepted")

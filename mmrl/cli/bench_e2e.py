@@ -9,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from mmrl.cli.run import load_config_dict, parse_overrides, stop_left_running, watch
+from mmrl.cli.options import add_overrides, overrides_from
+from mmrl.cli.run import load_config_dict, stop_left_running, watch
 from mmrl.cli.stack import Stack, StackConfig
 from mmrl.cli.up import DEFAULT_MODEL, ensure_tiny_model
 
@@ -30,17 +31,17 @@ def breakdown(metrics: list[dict], evals: list[dict]) -> dict[str, float]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl bench e2e", description=__doc__)
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    parser.add_argument("--config", type=Path, default=Path("configs/maze-tiny-cpu.yaml"))
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/bench-e2e"))
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="base model (built there if missing)")
+    parser.add_argument("--config", type=Path, default=Path("configs/maze-tiny-cpu.yaml"), help="GRPO run config")
+    parser.add_argument("--steps", type=int, default=4, help="GRPO steps to time")
+    add_overrides(parser, "run config")
+    parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/bench-e2e"), help="models, logs, shared root")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
 
     model = ensure_tiny_model(args.model)
     overrides = {"steps": args.steps, "eval.interval": 10_000, "eval.sampled_samples": 0,
-                 "checkpoint_interval": 10_000, **parse_overrides(args.set)}
+                 "checkpoint_interval": 10_000, **overrides_from(args)}
     overrides["model"] = str(model.resolve())
     config = load_config_dict(args.config, overrides)
     stack_config = StackConfig(model=model.resolve(), state_dir=args.state_dir, lora_rank=config["lora"]["rank"],

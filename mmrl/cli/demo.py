@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mmrl.cli.options import add_overrides, overrides_from
 from mmrl.cli.report import episode_strip, last_eval_within, learning_curve, plot_curve, write_json
-from mmrl.cli.run import TERMINAL, ApiClient, load_config_dict, parse_overrides, stop_left_running, watch
+from mmrl.cli.run import TERMINAL, ApiClient, load_config_dict, stop_left_running, watch
 from mmrl.cli.sft import load_sft_config, run_sft
 from mmrl.cli.stack import Stack, StackConfig
 from mmrl.cli.up import DEFAULT_MODEL, ensure_tiny_model
@@ -61,10 +62,10 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl demo", description=__doc__)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL,
                         help="base model (the tiny model is built there if missing)")
-    parser.add_argument("--sft-config", type=Path, default=Path("configs/sft-tiny.yaml"))
+    parser.add_argument("--sft-config", type=Path, default=Path("configs/sft-tiny.yaml"), help="SFT config of the warm start")
     parser.add_argument("--sft-model", type=Path, help="start GRPO from this model directory instead of running SFT")
     parser.add_argument("--config", type=Path, default=Path("configs/maze-tiny-cpu.yaml"), help="GRPO run config")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run config key")
+    add_overrides(parser, "run config")
     parser.add_argument("--steps", type=int, help="GRPO steps (overrides the run config)")
     parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/demo"), help="models, logs, shared root")
     parser.add_argument("--out", type=Path, default=Path("outputs/demo"), help="where the results go")
@@ -77,7 +78,7 @@ def main(argv: list[str]) -> int:
 
     if args.sft_model and not (args.sft_model / "config.json").is_file():
         parser.error(f"--sft-model {args.sft_model}: no config.json there")
-    overrides = parse_overrides(args.set)
+    overrides = overrides_from(args)
     if args.steps is not None:
         overrides["steps"] = args.steps
     base = ensure_tiny_model(args.model)

@@ -115,7 +115,7 @@ def main(argv: list[str]) -> int:
                         help="token budget of one action (a run's evals use its sampling.max_tokens)")
     parser.add_argument("--env", help="env service host:port (default: start one)")
     parser.add_argument("--rollout", help="rollout service host:port (default: start one on --model)")
-    parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/eval"))
+    parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/eval"), help="logs of the services it starts")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
     if not (args.model / "config.json").is_file():

@@ -11,7 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
+
+from mmrl.cli.options import add_overrides, list_actions_in_help, overrides_from
+from services.common.config_files import load_model_file
+from services.common.messages import summary
+from services.common.user_errors import CommandFailed
 
 TERMINAL = {"succeeded", "failed", "stopped"}
 
@@ -25,9 +29,10 @@ class ApiClient:
         try:
             reply = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise SystemExit(f"cannot reach the coordinator at {self.http.base_url}: {exc}") from exc
+            raise CommandFailed(f"cannot reach the coordinator at {self.http.base_url}: {exc} "
+                                "(is it running? --api or MMRL_API_URL says where)") from None
         if reply.status_code >= 400:
-            raise SystemExit(f"{method} {path} -> {reply.status_code}: {reply.text}")
+            raise CommandFailed(f"{method} {path} -> {reply.status_code}: {reply.text}")
         return reply.json()
 
     def start(self, config: dict[str, Any]) -> dict[str, Any]:
@@ -48,27 +53,12 @@ def stop_left_running(api: ApiClient) -> None:
                   "marked stopped", flush=True)
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """`--set grpo.group_size=4` -> {"grpo.group_size": 4} (values parsed as YAML scalars)."""
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects KEY=VALUE, got {pair!r}")
-        try:
-            out[key] = yaml.safe_load(value)
-        except yaml.YAMLError as exc:
-            raise SystemExit(f"--set {pair}: the value is not a YAML scalar or list ({exc})") from None
-    return out
-
-
 def load_config_dict(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
-    from services.coordinator.config import load_run_config
+    """The run config at `path` with `overrides`, validated, as JSON for `POST /v1/runs`; UsageError
+    naming the file and the settings that are wrong."""
+    from services.coordinator.config import RunConfig
 
-    try:
-        config = load_run_config(path, overrides)
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"invalid run config {path}: {exc}") from exc
+    config = load_model_file(RunConfig, path, overrides)
     if Path(config.model).exists():  # a local directory: make it independent of the coordinator's cwd
         config.model = str(Path(config.model).resolve())
     return config.model_dump(mode="json")
@@ -114,23 +104,36 @@ def watch_status(final: dict[str, Any]) -> int:
     return 0 if final["state"] in ("succeeded", "paused") else 1
 
 
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmrl run", description=summary(__doc__))
+    api = argparse.ArgumentParser(add_help=False)  # the coordinator's address, before or after the action
+    for options, url, token in ((parser, os.environ.get("MMRL_API_URL", "http://127.0.0.1:8000"),
+                                 os.environ.get("MMRL_API_TOKEN", "")), (api, argparse.SUPPRESS, argparse.SUPPRESS)):
+        options.add_argument("--api", default=url, help="coordinator URL (MMRL_API_URL; default http://127.0.0.1:8000)")
+        options.add_argument("--token", default=token, help="API bearer token (MMRL_API_TOKEN; default none)")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    start = actions.add_parser("start", parents=[api], help="start a run from a run config; prints its id",
+                               description="Start a run from a run config; prints its id.")
+    start.add_argument("--config", type=Path, required=True, help="run config YAML (e.g. configs/maze-tiny-cpu.yaml)")
+    add_overrides(start, "run config")
+    start.add_argument("--watch", action="store_true", help="then watch it until it ends or pauses")
+    actions.add_parser("list", parents=[api], help="list runs", description="List runs: id, state, step.")
+    for action, what in (("status", "print a run's record as JSON"),
+                         ("watch", "show a run's progress until it ends or pauses (exit 0: succeeded or paused)"),
+                         ("pause", "pause a run at its next step boundary (resume continues it)"),
+                         ("resume", "resume a paused run"), ("stop", "stop a run for good")):
+        sub = actions.add_parser(action, parents=[api], help=what, description=what[0].upper() + what[1:] + ".")
+        sub.add_argument("run_id", help="the run's id (`mmrl run list`)")
+    list_actions_in_help(parser, actions)
+    return parser
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="mmrl run", description=__doc__)
-    parser.add_argument("--api", default=os.environ.get("MMRL_API_URL", "http://127.0.0.1:8000"))
-    parser.add_argument("--token", default=os.environ.get("MMRL_API_TOKEN", ""))
-    sub = parser.add_subparsers(dest="action", required=True)
-    start = sub.add_parser("start", help="start a run; prints its id")
-    start.add_argument("--config", type=Path, required=True)
-    start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    start.add_argument("--watch", action="store_true", help="then watch it")
-    sub.add_parser("list", help="list runs")
-    for action in ("status", "watch", "pause", "resume", "stop"):
-        sub.add_parser(action).add_argument("run_id")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     api = ApiClient(args.api, args.token)
 
     if args.action == "start":
-        run = api.start(load_config_dict(args.config, parse_overrides(args.set)))
+        run = api.start(load_config_dict(args.config, overrides_from(args)))
         print(run["id"])
         if args.watch:
             return watch_status(watch(api, run["id"]))

@@ -10,25 +10,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mmrl.cli.options import add_overrides, overrides_from
 from mmrl.cli.stack import Stack, StackConfig
-from services.common.config_files import read_config_file
+from services.common.config_files import load_model_file
 
 
-def load_sft_config(path: Path, out: Path | None, base_model: Path | None) -> Any:
+def load_sft_config(path: Path, out: Path | None, base_model: Path | None,
+                    overrides: dict[str, Any] | None = None) -> Any:
+    """The SFT config at `path` with `overrides` (dotted keys), then `out` and `base_model` when
+    given; UsageError naming the file and the settings that are wrong."""
     from services.learner.sft import SftConfig
 
-    try:
-        data = read_config_file(path)
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"cannot read the SFT config: {exc}") from exc
-    if out is not None:
-        data["out"] = str(out)
-    if base_model is not None:
-        data["base_model"] = str(base_model)
-    try:
-        return SftConfig.model_validate(data)
-    except ValueError as exc:
-        raise SystemExit(f"invalid SFT config {path}: {exc}") from exc
+    given = {"out": str(out) if out is not None else None,
+             "base_model": str(base_model) if base_model is not None else None}
+    return load_model_file(SftConfig, path, {**(overrides or {}), **{k: v for k, v in given.items() if v}})
 
 
 def run_sft(config: Any, state_dir: Path, evaluate_after: bool = True, quiet: bool = False) -> dict[str, Any]:
@@ -85,11 +80,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", type=Path, required=True, help="SFT config YAML (configs/sft-tiny.yaml)")
     parser.add_argument("--out", type=Path, help="override the output model directory")
     parser.add_argument("--base-model", type=Path, help="override the model to fine-tune")
-    parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/sft"))
+    parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/sft"), help="logs of the services it starts")
     parser.add_argument("--no-eval", action="store_true", help="skip the eval of the saved model")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    add_overrides(parser, "SFT config")
     args = parser.parse_args(argv)
-    config = load_sft_config(args.config, args.out, args.base_model)
+    config = load_sft_config(args.config, args.out, args.base_model, overrides_from(args))
     report = run_sft(config, args.state_dir, evaluate_after=not args.no_eval)
     summary = {"out": config.out, "sft_wall_s": report["sft_wall_s"], "updates": report["updates"],
                "final_loss": report["final_loss"],

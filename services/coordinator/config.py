@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.common.config_files import read_config_file
+from services.common.config_files import apply_overrides, read_config_file
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT
 from services.common.training import LoraSettings, LossSettings, OptimSettings, TrainSettings
 from services.coordinator.advantages import Normalize
@@ -175,17 +175,7 @@ class RunConfig(_Strict):
 
 def load_run_config(path: Path, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Reads a YAML run config; `overrides` maps dotted keys ("grpo.group_size") to values."""
-    data = read_config_file(Path(path))
-    for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for depth, key in enumerate(parents):
-            node = node.setdefault(key, {})
-            if not isinstance(node, dict):
-                section = ".".join(parents[: depth + 1])
-                raise ValueError(f"override {dotted}: {section} is a value ({node!r}), not a section of settings")
-        node[leaf] = value
-    return RunConfig.model_validate(data)
+    return RunConfig.model_validate(apply_overrides(read_config_file(Path(path)), overrides or {}))
 
 
 class CoordinatorSettings(BaseSettings):
@@ -209,6 +199,14 @@ class CoordinatorSettings(BaseSettings):
         "retries, or a learner that no longer holds the run: it was restarted), each time the coordinator "
         "drives it (after a coordinator restart or a resume the count starts again)."))
     service_wait_s: float = Field(600.0, ge=0, description="How long a run waits for a lost service to come back.")
+    host: str = Field("0.0.0.0", validation_alias=AliasChoices("MMRL_COORDINATOR_HOST", "host"),
+                      description="Address the REST API listens on.")
+    port: int = Field(8000, ge=0, le=65535, validation_alias=AliasChoices("MMRL_COORDINATOR_PORT", "port"),
+                      description="Port of the REST API.")
+    log_level: str = Field(
+        "INFO", validation_alias=AliasChoices("MMRL_COORDINATOR_LOG_LEVEL", "MMRL_LOG_LEVEL", "log_level"),
+        description="Logging level (MMRL_COORDINATOR_LOG_LEVEL, else MMRL_LOG_LEVEL, which every service reads).",
+    )
 
     def endpoints_for(self, config: RunConfig) -> Endpoints:
         return Endpoints(

@@ -1,27 +1,35 @@
-"""`mmrl serve coordinator`: the REST API and the run loops, state in Redis."""
+"""`mmrl serve coordinator`: the REST API and the run loops, state in Redis.
+
+Every option is also an environment variable (`config.CoordinatorSettings`, MMRL_*); flags
+override them. Stops gracefully on SIGTERM/SIGINT; runs left running resume on the next start.
+"""
 
 from __future__ import annotations
 
 import argparse
-import os
+
+from services.common.messages import summary
+from services.common.settings_cli import add_model_options, given_values, settings_from
+from services.coordinator.config import CoordinatorSettings
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmrl serve coordinator", description=summary(__doc__))
+    add_model_options(parser, CoordinatorSettings)
+    return parser
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="mmrl serve coordinator", description=__doc__)
-    parser.add_argument("--host", default=os.environ.get("MMRL_COORDINATOR_HOST", "0.0.0.0"))
-    parser.add_argument("--port", type=int, default=int(os.environ.get("MMRL_COORDINATOR_PORT", "8000")))
-    parser.add_argument("--log-level", default=os.environ.get("MMRL_LOG_LEVEL", "INFO"))
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
+    settings = settings_from(CoordinatorSettings, given_values(args, CoordinatorSettings))
 
     import uvicorn
 
     from services.common.logging import setup_logging
     from services.coordinator.api.app import create_app
-    from services.coordinator.config import CoordinatorSettings
 
-    setup_logging("coordinator", args.log_level)
-    settings = CoordinatorSettings()  # MMRL_* environment variables
+    setup_logging("coordinator", settings.log_level)
     app = create_app(settings)
     # uvicorn handles SIGTERM/SIGINT gracefully; run loops are cancelled and resume on restart.
-    uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
     return 0

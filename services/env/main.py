@@ -1,7 +1,8 @@
-"""`mmrl serve env [--host H] [--port P] [--config FILE]`: serve the maze environment over gRPC.
+"""`mmrl serve env`: serve the maze environment over gRPC.
 
-Settings come from MMRL_ENV_* environment variables (`config.ServerSettings`); flags override them.
-Stops gracefully on SIGTERM/SIGINT.
+Every option is also an environment variable (`config.ServerSettings`, MMRL_ENV_*); flags override
+them. The environment's limits come from a YAML or TOML file (`--config`, `config.EnvConfig`), and
+each of them can be given as a flag too, which overrides the file. Stops gracefully on SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from pathlib import Path
 
 from mmrl.v1 import env_pb2_grpc
+from services.common.config_files import load_model_file
 from services.common.grpc_server import start_server, wait_for_termination
 from services.common.logging import setup_logging
 from services.common.messages import summary
-from services.env.config import ServerSettings, load_config
+from services.common.settings_cli import add_model_options, given_values, settings_from
+from services.env.config import EnvConfig, ServerSettings
 from services.env.environment import MazeEnv
 from services.env.servicer import SERVICE_NAME, EnvServicer
 
@@ -28,19 +30,21 @@ async def serve(address: str, env: MazeEnv) -> None:
     await wait_for_termination(running)
 
 
-def main(argv: list[str]) -> int:
-    settings = ServerSettings()
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmrl serve env", description=summary(__doc__))
-    parser.add_argument("--host", default=settings.host, help=f"address to listen on (default {settings.host})")
-    parser.add_argument("--port", type=int, default=settings.port, help=f"port, 0 = any free (default {settings.port})")
-    parser.add_argument("--config", type=Path, default=settings.config_file, help="EnvConfig as YAML or TOML")
-    parser.add_argument("--log-level", default=settings.log_level)
-    args = parser.parse_args(argv)
+    add_model_options(parser, ServerSettings, renamed={"config_file": ["--config"]})
+    limits = parser.add_argument_group("environment limits (EnvConfig: the --config file's settings)")
+    add_model_options(limits, EnvConfig, dest_prefix="config.")
+    return parser
 
-    log = setup_logging("env", args.log_level)
-    config = load_config(args.config)
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    settings = settings_from(ServerSettings, given_values(args, ServerSettings))
+    config = load_model_file(EnvConfig, settings.config_file, given_values(args, EnvConfig, "config."))
+    log = setup_logging("env", settings.log_level)
     log.info("starting env service", extra={"config": config.model_dump()})
-    asyncio.run(serve(f"{args.host}:{args.port}", MazeEnv(config)))
+    asyncio.run(serve(f"{settings.host}:{settings.port}", MazeEnv(config)))
     return 0
 
 

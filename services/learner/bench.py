@@ -169,7 +169,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--group-size", type=int, default=8, help="episodes per group")
     parser.add_argument("--turns", type=int, default=8, help="turns (frames) per episode")
     parser.add_argument("--steps", type=int, default=3, help="timed training steps (after one warm-up)")
-    parser.add_argument("--micro-batch-size", type=int, default=8)
+    parser.add_argument("--micro-batch-size", type=int, default=8, help="trajectories per forward/backward")
     parser.add_argument("--num-threads", type=int, help="torch CPU threads per rank (default: torch's)")
     parser.add_argument(
         "--image-cache-mb",

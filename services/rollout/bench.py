@@ -229,8 +229,8 @@ async def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl bench rollout", description=summary(__doc__))
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: build the tiny model)")
-    parser.add_argument("--num-prompts", type=int, default=128)
-    parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument("--num-prompts", type=int, default=128, help="prompts in each measured batch")
+    parser.add_argument("--max-tokens", type=int, default=4, help="tokens generated per prompt")
     parser.add_argument("--repeats", type=int, default=5, help="measured rounds (after one warm-up round)")
     parser.add_argument("--adapter-loads", type=int, default=5, help="adapter versions published and loaded")
     parser.add_argument("--lora-kernels", choices=["grouped", "vllm"], default="grouped",

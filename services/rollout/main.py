@@ -1,8 +1,10 @@
-"""`mmrl serve rollout --model DIR [--port P] [--config FILE]`: serve vLLM generation over gRPC.
+"""`mmrl serve rollout`: serve vLLM generation over gRPC.
 
-Settings come from MMRL_ROLLOUT_* / MMRL_SHARED_ROOT environment variables (`config.ServerSettings`);
-flags override them. The server listens at once with health NOT_SERVING, starts the engine, then
-reports SERVING. SIGTERM/SIGINT stop the server and shut the engine down.
+Every option is also an environment variable (`config.ServerSettings`: MMRL_ROLLOUT_*,
+MMRL_SHARED_ROOT); flags override them. The engine's settings come from a YAML or TOML file
+(`--config`, `config.RolloutConfig`), and each of them can be given as a flag too, which overrides
+the file. The server listens at once with health NOT_SERVING, starts the engine, then reports
+SERVING. SIGTERM/SIGINT stop the server and shut the engine down.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pydantic import ValidationError
-
+from services.common.config_files import load_model_file
 from services.common.grpc_server import wait_for_termination
 from services.common.logging import setup_logging
 from services.common.messages import summary
-from services.rollout.config import RolloutConfig, ServerSettings, load_config
+from services.common.settings_cli import add_model_options, given_values, settings_from
+from services.rollout.config import RolloutConfig, ServerSettings
 from services.rollout.service import RolloutServer
 
 log = logging.getLogger("mmrl.rollout")
@@ -49,32 +51,25 @@ async def serve(config: RolloutConfig, address: str, shared_root: Path, cache_di
     return 1 if starting.exception() is not None else 0
 
 
-def main(argv: list[str]) -> int:
-    settings = ServerSettings()
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmrl serve rollout", description=summary(__doc__))
-    parser.add_argument("--model", default=settings.model, help="model directory (MMRL_ROLLOUT_MODEL)")
-    parser.add_argument("--host", default=settings.host, help=f"address to listen on (default {settings.host})")
-    parser.add_argument("--port", type=int, default=settings.port, help=f"port, 0 = any free (default {settings.port})")
-    parser.add_argument("--config", type=Path, default=settings.config_file, help="RolloutConfig as YAML or TOML")
-    parser.add_argument("--shared-root", type=Path, default=settings.shared_root,
-                        help=f"shared storage root (MMRL_SHARED_ROOT, default {settings.shared_root})")
-    parser.add_argument("--max-model-len", type=int, default=None, help="context length override")
-    parser.add_argument("--max-lora-rank", type=int, default=None,
-                        help="largest LoRA rank accepted, one of vLLM's sizes (default 16)")
-    parser.add_argument("--log-level", default=settings.log_level)
-    args = parser.parse_args(argv)
+    add_model_options(parser, ServerSettings, renamed={"config_file": ["--config"]})
+    engine = parser.add_argument_group("engine (RolloutConfig: the --config file's settings)")
+    add_model_options(engine, RolloutConfig, dest_prefix="config.", skip=ServerSettings.model_fields)
+    return parser
 
-    try:
-        config = load_config(args.config, {"model": args.model, "max_model_len": args.max_model_len,
-                                          "max_lora_rank": args.max_lora_rank})
-    except (ValidationError, OSError, ValueError) as exc:
-        parser.error(f"invalid configuration: {exc}")
-    setup_logging("rollout", args.log_level)
-    log.info("starting rollout service", extra={"config": config.model_dump(), "shared_root": str(args.shared_root)})
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    settings = settings_from(ServerSettings, given_values(args, ServerSettings))
+    overrides = given_values(args, RolloutConfig, "config.") | ({"model": settings.model} if settings.model else {})
+    config = load_model_file(RolloutConfig, settings.config_file, overrides)
+    setup_logging("rollout", settings.log_level)
+    log.info("starting rollout service", extra={"config": config.model_dump(), "shared_root": str(settings.shared_root)})
     with tempfile.TemporaryDirectory(prefix="mmrl-rollout-adapters-") as tmp:
         cache_dir = settings.adapter_cache_dir or Path(tmp)
         cache_dir.mkdir(parents=True, exist_ok=True)
-        return asyncio.run(serve(config, f"{args.host}:{args.port}", args.shared_root, cache_dir))
+        return asyncio.run(serve(config, f"{settings.host}:{settings.port}", settings.shared_root, cache_dir))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ single rank, and checkpoints that resume across world sizes."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,12 +11,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from mmrl.cli import main as cli
 from mmrl.v1 import learner_pb2, learner_pb2_grpc
 from services.common.grpc_server import channel
+from services.common.settings_cli import given_values, settings_from
 from services.common.trajectory import Trajectory
 from services.learner.bench import start_learner_process, stop_learner_process
 from services.learner.config import LearnerSettings
-from services.learner.main import main, parser, torchrun_command
+from services.learner.launch import launch_from, torchrun_command
+from services.learner.main import parser
 from services.learner.publish import ADAPTER_WEIGHTS, peft_key
 from tests.learner.conftest import adapter_weights
 from tests.learner.settings import train_json
@@ -43,55 +45,45 @@ COMPARED = (
 )
 
 
-def test_a_model_that_is_not_a_local_checkpoint_directory_is_one_error_line_and_exit_1(
+def test_a_model_that_is_not_a_local_checkpoint_directory_is_one_error_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:  # `main` routes the root logger to the captured stderr, which pytest closes afterwards
-        for model in ("Qwen/Qwen3-VL-8B-Instruct", str(tmp_path)):  # a hub id; a directory without config.json
-            # --nproc 2: refused before torchrun starts any rank
-            assert main(["--model", model, "--shared-root", str(tmp_path / "shared"), "--nproc", "2"]) == 1
-            lines = capsys.readouterr().err.strip().splitlines()
-            assert len(lines) == 1 and "not a local checkpoint directory" in lines[0] and model in lines[0]
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
+    for model in ("Qwen/Qwen3-VL-8B-Instruct", str(tmp_path)):  # a hub id; a directory without config.json
+        # --nproc 2: refused before torchrun starts any rank
+        argv = ["serve", "learner", "--model", model, "--shared-root", str(tmp_path / "shared"), "--nproc", "2"]
+        assert cli.main(argv) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "not a local checkpoint directory" in lines[0] and model in lines[0]
+
+
+def _launch(argv: list[str]) -> list[str]:
+    args = parser().parse_args(argv)
+    return torchrun_command(settings_from(LearnerSettings, given_values(args, LearnerSettings)), launch_from(args))
 
 
 def test_the_torchrun_command_passes_the_worker_flags_through_unchanged(tmp_path: Path) -> None:
     from torch.distributed.run import get_args_parser
 
-    args = parser(LearnerSettings()).parse_args(
-        [
-            "--nproc",
-            "2",
-            "--model",
-            "m",
-            "--port",
-            "0",
-            "--port-file",
-            str(tmp_path / "p"),
-            "--num-threads",
-            "1",
-        ]
-    )
-    command = torchrun_command(args)
+    command = _launch(["--nproc", "2", "--model", "m", "--port", "0", "--port-file", str(tmp_path / "p"),
+                       "--num-threads", "1"])
     parsed = get_args_parser().parse_args(command[3:])
     assert (parsed.nproc_per_node, parsed.standalone, parsed.module) == ("2", True, True)
     assert parsed.training_script == "services.learner.main"
     assert "--model=m" in parsed.training_script_args and "--port=0" in parsed.training_script_args
+    assert f"--port-file={tmp_path / 'p'}" in parsed.training_script_args
     assert not any(a.startswith(("--nproc", "--nnodes")) for a in parsed.training_script_args)
-    multi = parser(LearnerSettings()).parse_args(
-        ["--nproc", "8", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "head:29500"]
-    )
-    parsed = get_args_parser().parse_args(torchrun_command(multi)[3:])
-    assert (parsed.nnodes, parsed.node_rank, parsed.master_addr, parsed.master_port) == (
-        "2",
-        1,
-        "head",
-        29500,
-    )
+    # every rank resolves the same settings as the launcher did
+    worker = parser().parse_args(parsed.training_script_args)
+    assert settings_from(LearnerSettings, given_values(worker, LearnerSettings)).model_dump() == \
+        settings_from(LearnerSettings, {"model": "m", "port": 0, "num_threads": 1}).model_dump()
+    multi = _launch(["--nproc", "8", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "head:29500"])
+    parsed = get_args_parser().parse_args(multi[3:])
+    assert (parsed.nnodes, parsed.node_rank, parsed.master_addr, parsed.master_port) == ("2", 1, "head", 29500)
+
+
+def test_several_nodes_without_a_rendezvous_endpoint_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["serve", "learner", "--nnodes", "2"]) == 2
+    assert capsys.readouterr().err == "mmrl serve learner: --nnodes > 1 needs --rdzv-endpoint HOST:PORT\n"
 
 
 @pytest.mark.slow

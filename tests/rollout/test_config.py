@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from mmrl.cli import main as cli
 from services.rollout.config import RolloutConfig, ServerSettings, load_config, lora_slot_rank
-from services.rollout.main import main
 
 
 def test_unknown_keys_and_a_retention_window_below_two_are_refused() -> None:
@@ -49,10 +49,9 @@ def test_an_adapter_rank_maps_to_the_smallest_slot_size_that_holds_it() -> None:
 
 def test_an_unsupported_max_lora_rank_on_the_command_line_is_a_usage_error(
         capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["--model", "m", "--port", "0", "--max-lora-rank", "12"])
-    assert info.value.code == 2
-    assert "max_lora_rank" in capsys.readouterr().err
+    assert cli.main(["serve", "rollout", "--model", "m", "--port", "0", "--max-lora-rank", "12"]) == 2
+    assert capsys.readouterr().err == ("mmrl serve rollout: max_lora_rank: Input should be 1, 8, 16, 32, 64, 128, "
+                                       "256, 320 or 512 (got '12')\n")
 
 
 def test_deployment_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -66,7 +65,5 @@ def test_deployment_settings_come_from_the_environment(monkeypatch: pytest.Monke
 def test_serving_without_a_model_is_a_usage_error(monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("MMRL_ROLLOUT_MODEL", raising=False)
-    with pytest.raises(SystemExit) as info:
-        main(["--port", "0"])
-    assert info.value.code == 2
-    assert "model" in capsys.readouterr().err
+    assert cli.main(["serve", "rollout", "--port", "0"]) == 2
+    assert capsys.readouterr().err == "mmrl serve rollout: model: required, not given\n"
