@@ -56,7 +56,8 @@ from services.coordinator.episodes import (
     play_episodes,
     prefix_cached_fraction,
 )
-from services.coordinator.evaluation import EvalPlan, episode_record, eval_turn_limit, run_eval
+from services.coordinator.evaluation import EvalPlan, eval_turn_limit, run_eval
+from services.coordinator.records import eval_records, train_records
 from services.coordinator.store import RunState, RunStore, state_change
 
 log = logging.getLogger("mmrl.coordinator.runloop")
@@ -336,7 +337,8 @@ async def execute_run(ctx: RunContext) -> RunState:
                 **{k if "/" in k else f"train/{k}": (v if math.isfinite(v) else None)
                    for k, v in train.metrics.items()},
             }
-            records = {e.episode_id: episode_record(e, step=step, kind="train") for e in flat}
+            records, metrics["episodes/frames_bytes"] = train_records(
+                groups, step=step, run_dir=ctx.shared_root / "runs" / run_id, settings=cfg.frames)
             timers.seconds["step"] = time.perf_counter() - step_started
             metrics.update({f"time/{k}_s": v for k, v in timers.seconds.items()})
             await store.commit_step(run_id, step, metrics, records)
@@ -397,7 +399,7 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
             sampling=sampling, run_id=ctx.run_id, adapter_version=adapter_version,
             system_prompt=cfg.system_prompt, max_turns=cfg.turn_limit,
             seed=cfg.seed * 100_003 + step * 101 + round_index, timers=timers,
-            greedy_per_spec=cfg.grpo.greedy_per_group)
+            greedy_per_spec=cfg.grpo.greedy_per_group, keep_frames=cfg.frames.train != "off")
         num_played += len(episodes)
         keep: list[list[EpisodeResult]] = []
         uninformative = []
@@ -445,13 +447,8 @@ async def evaluate(ctx: RunContext, plan: EvalPlan, *, step: int, adapter_versio
                                      adapter_version=adapter_version, seed=ctx.config.seed + 7 * step,
                                      timers=timers, keep_frames=keep)
     summary.update({"step": step, "eval_s": time.perf_counter() - started})
-    frames_root = ctx.shared_root / "runs" / ctx.run_id / "episodes" / f"eval_step_{step:06d}"
-    records = {
-        f"eval-{step}-{i}": {**episode_record(e, step=step, kind="eval",
-                                                frame_dir=frames_root / f"{i:03d}" if keep else None),
-                              "id": f"eval-{step}-{i}"}
-        for i, e in enumerate(greedy)
-    }
+    records, summary["frames_bytes"] = eval_records(greedy, step=step, run_dir=ctx.shared_root / "runs" / ctx.run_id,
+                                                    keep_frames=keep)
     await ctx.store.record_eval(ctx.run_id, step, summary, records)
     log.info("eval", extra={"run_id": ctx.run_id, **summary})
 
