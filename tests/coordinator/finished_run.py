@@ -29,10 +29,10 @@ from services.env.environment import MazeEnv
 from services.env.spec import EpisodeSpec
 from tests.coordinator.chat import CHAT, CharTokenizer
 
-SIZE, MAX_MOVES = 9, 12
+SIZE, MAX_MOVES = 9, 16
 TRAIN_SEEDS = {1: [11, 12], 2: [13, 14], 3: [15, 16]}  # step -> mazes (2 groups of 4 episodes)
 EVAL_SEEDS = [21, 22, 23, 24]
-SKILL = {0: 0.35, 1: 0.5, 2: 0.7, 3: 0.9}  # after step s, the chance of the optimal move
+SKILL = {0: 0.3, 1: 0.55, 2: 0.75, 3: 0.9}  # after step s, the chance of the optimal move
 
 
 class ScriptedPolicy:
@@ -56,8 +56,8 @@ class ScriptedPolicy:
     async def call(self, _method: str, rpc: Any, request: Any, timeout_s: float | None = None) -> Any:
         return await rpc(request)
 
-    def _answer(self, frame: bytes, turn: int) -> str:
-        rng = random.Random(hashlib.sha256(frame + bytes([turn]) + str(self.skill).encode()).digest())
+    def _answer(self, frame: bytes, turn: int, seed: int) -> str:
+        rng = random.Random(hashlib.sha256(frame + f"{turn}:{seed}:{self.skill}".encode()).digest())
         best = self.optimal.get(frame, "stop")
         if rng.random() < self.skill:
             return best
@@ -68,7 +68,7 @@ class ScriptedPolicy:
     async def _generate(self, request: rollout_pb2.GenerateRequest) -> rollout_pb2.GenerateResponse:
         results = []
         for r in request.requests:
-            text = self._answer(r.images[-1].data, len(r.images))
+            text = self._answer(r.images[-1].data, len(r.images), r.sampling.seed)
             tokens = [*CharTokenizer().encode(text), CHAT.im_end]
             rng = random.Random(text + str(len(r.images)))
             results.append(rollout_pb2.GenerationResult(

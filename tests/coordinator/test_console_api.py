@@ -22,7 +22,7 @@ from services.coordinator.config import CoordinatorSettings, FrameSettings
 from services.coordinator.episodes import Sampling, Timers, play_episodes
 from services.coordinator.records import train_records
 from tests.coordinator.chat import CHAT, CharTokenizer
-from tests.coordinator.finished_run import ScriptedPolicy, record_with_env_server
+from tests.coordinator.finished_run import MAX_MOVES, ScriptedPolicy, record_with_env_server
 
 TOKEN = "console-token"
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,7 +121,7 @@ def test_episode_records_hold_each_actions_log_probs_and_how_the_episode_ended(c
         # One log-prob per generated token: the action's characters and the end-of-turn token.
         assert [len(lp) for lp in e["logprobs"]] == [len(a) + 1 for a in e["actions"]]
         assert all(v < 0 for lp in e["logprobs"] for v in lp)
-        assert e["end"] == "solved" if e["solved"] else e["moves"] == 12 and e["end"] == "move_limit"
+        assert e["end"] == "solved" if e["solved"] else e["moves"] == MAX_MOVES and e["end"] == "move_limit"
     assert any(any(e["invalid_turns"]) for e in episodes)
     solved = _episodes(client, solved="true")
     assert solved and all(e["solved"] for e in solved) and len(solved) == sum(e["solved"] for e in episodes)

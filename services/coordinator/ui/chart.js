@@ -26,8 +26,8 @@ function fmt(v) {
 
 // series: [{name, points: [[x, y], ...]}]; options: {title, yMin, yMax, width, height}
 export function lineChart(series, options = {}) {
-  const width = options.width || 520, height = options.height || 240;
-  const pad = { left: 52, right: 12, top: 28, bottom: 34 };
+  const width = options.width || 520, height = options.height || 260;
+  const pad = { left: 52, right: 12, top: 48, bottom: 34 };
   const svg = el("svg", { viewBox: `0 0 ${width} ${height}`, class: "chart", role: "img",
     "aria-label": options.title || "chart" });
   svg.appendChild(el("text", { x: pad.left, y: 16, class: "chart-title" }, options.title || ""));
@@ -55,7 +55,7 @@ export function lineChart(series, options = {}) {
   }
   svg.appendChild(el("text", { x: width - pad.right, y: height - 4, "text-anchor": "end", class: "tick" }, "step"));
 
-  let legendX = width - pad.right;
+  let legendX = pad.left;
   series.forEach((s, i) => {
     const colour = s.colour || COLOURS[i % COLOURS.length];
     const valid = s.points.filter((p) => p[1] !== null && Number.isFinite(p[1]));
@@ -66,10 +66,9 @@ export function lineChart(series, options = {}) {
         svg.appendChild(el("circle", { cx: sx(p[0]), cy: sy(p[1]), r: 2.5, fill: colour }));
       }
     }
-    const label = el("text", { y: 16, "text-anchor": "end", class: "legend", fill: colour }, s.name);
-    label.setAttribute("x", legendX);
-    svg.appendChild(label);
-    legendX -= 8 + 6.5 * s.name.length;
+    svg.appendChild(el("line", { x1: legendX, x2: legendX + 14, y1: 33, y2: 33, stroke: colour, class: "line" }));
+    svg.appendChild(el("text", { x: legendX + 18, y: 37, class: "legend" }, s.name));
+    legendX += 30 + 7 * s.name.length;
   });
   return svg;
 }

@@ -21,9 +21,15 @@ function h(tag, attrs = {}, ...children) {
   return node;
 }
 
+// replaceChildren without the null and false children that conditional parts leave.
+function fill(node, ...children) {
+  node.replaceChildren(...children.flat().filter((c) => c != null && c !== false));
+}
+
 const pct = (v) => (v == null ? "–" : `${(100 * v).toFixed(1)}%`);
 const num = (v, digits = 3) => (v == null ? "–" : String(+Number(v).toFixed(digits)));
 const when = (t) => new Date(t * 1000).toLocaleString();
+const ending = (e) => (e.end || (e.solved ? "solved" : "not solved")).replace("_", " ");
 const runPath = (id) => `/v1/runs/${encodeURIComponent(id)}`;
 const link = (hash, text) => h("a", { href: hash }, text);
 
@@ -68,7 +74,7 @@ async function runsPage() {
   const table = h("tbody");
   const refresh = async () => {
     const { runs } = await api.get("/v1/runs");
-    table.replaceChildren(...runs.reverse().map((run) => h("tr", {},
+    fill(table, ...runs.reverse().map((run) => h("tr", {},
       h("td", {}, link(`#/runs/${run.id}`, run.name), h("div", { class: "sub" }, run.id)),
       h("td", {}, badge(run.state), run.desired ? h("div", { class: "sub" }, `${run.desired} requested`) : null),
       h("td", { class: "num" }, `${run.step} / ${run.steps}`),
@@ -78,7 +84,7 @@ async function runsPage() {
       h("td", {}, when(run.created_at)),
       h("td", {}, controls(run, refresh)))));
   };
-  page.replaceChildren(
+  fill(page,
     h("h1", {}, "Runs"),
     h("table", { class: "runs" }, h("thead", {}, h("tr", {},
       ...["Run", "State", "Step", "Reward", "Greedy solve", "Sampled solve", "Started", ""].map((t) => h("th", {}, t)))),
@@ -104,13 +110,13 @@ function startForm(refresh) {
           location.hash = `#/runs/${run.id}`;
         } catch (e) { showError(e); }
       };
-      preview.replaceChildren(
+      fill(preview,
         h("p", {}, `${config.name}: ${config.steps} steps of ${config.grpo.mazes_per_step} x ${config.grpo.group_size} `
           + `episodes, model ${config.model}`),
         h("details", {}, h("summary", {}, "Resolved config"), h("pre", {}, JSON.stringify(config, null, 2))),
         h("button", { onclick: start }, "Start run"));
     } catch (e) {
-      preview.replaceChildren(h("p", { class: "error" }, e.message));
+      fill(preview, h("p", { class: "error" }, e.message));
     }
   };
   file.addEventListener("change", check, { signal: leave.signal });
@@ -126,7 +132,7 @@ async function runPage(runId) {
   const [run] = await Promise.all([api.get(runPath(runId)), api.get(`${runPath(runId)}/metrics`)
     .then((r) => r.metrics.forEach((m) => metrics.set(m.step, m))), api.get(`${runPath(runId)}/evals`)
     .then((r) => r.evals.forEach((e) => evals.set(e.step, e)))]);
-  const drawHeader = (run) => header.replaceChildren(
+  const drawHeader = (run) => fill(header,
     h("h1", {}, run.name, " ", badge(run.state)),
     h("p", { class: "sub" }, `${run.id} · step ${run.step} of ${run.steps} · adapter v${run.adapter_version} · `
       + `checkpoint at step ${run.checkpoint_step} · started ${when(run.created_at)}`),
@@ -136,7 +142,7 @@ async function runPage(runId) {
   const reloadRun = () => api.get(runPath(runId)).then(drawHeader).catch(showError);
   const reloadAdapters = async () => {
     const { adapters: versions } = await api.get(`${runPath(runId)}/adapters`);
-    adapters.replaceChildren(...versions.map((a) => h("tr", {}, h("td", { class: "num" }, `v${a.version}`),
+    fill(adapters, ...versions.map((a) => h("tr", {}, h("td", { class: "num" }, `v${a.version}`),
       h("td", {}, a.created_at ? when(a.created_at) : "–"), h("td", { class: "num" }, `${(a.bytes / 1024).toFixed(1)} KiB`),
       h("td", {}, h("code", {}, a.path)))));
   };
@@ -145,7 +151,7 @@ async function runPage(runId) {
     const evalSteps = [...evals.values()].sort((a, b) => a.step - b.step);
     const series = (rows, key, name) => ({ name, points: rows.map((r) => [r.step, r[key] ?? null]) });
     const timeKeys = [...new Set(steps.flatMap((m) => Object.keys(m).filter((k) => k.startsWith("time/"))))].sort();
-    charts.replaceChildren(
+    fill(charts,
       lineChart([series(steps, "reward/mean", "reward"), series(steps, "train/solve_rate", "train solve")],
         { title: "Training reward and solve rate", yMin: 0, yMax: 1 }),
       lineChart([series(evalSteps, "greedy_solve_rate", "greedy"), series(evalSteps, "sampled_solve_rate", "sampled")],
@@ -155,7 +161,7 @@ async function runPage(runId) {
   config.textContent = JSON.stringify(run.config, null, 2);
   drawHeader(run);
   drawCharts();
-  page.replaceChildren(header, charts,
+  fill(page, header, charts,
     h("h2", {}, "Adapter versions"), h("table", {}, h("thead", {}, h("tr", {},
       ...["Version", "Published", "Size", "Path"].map((t) => h("th", {}, t)))), adapters),
     h("details", {}, h("summary", {}, "Config"), config));
@@ -185,7 +191,7 @@ async function episodesPage(runId, query) {
   h("label", {}, "Outcome ", select("solved", [["", "any"], ["true", "solved"], ["false", "not solved"]])),
   h("label", {}, "Task (seed) ", h("input", { name: "seed", type: "number", min: 0, value: filters.seed })),
   h("button", { type: "submit" }, "Filter"));
-  page.replaceChildren(
+  fill(page,
     h("p", {}, link(`#/runs/${runId}`, `← run ${runId}`)), h("h1", {}, "Episodes"), form,
     h("p", { class: "sub" }, `${episodes.length} episodes${episodes.length === 500 ? " (the first 500)" : ""}`),
     h("table", { class: "episodes" }, h("thead", {}, h("tr", {},
@@ -195,7 +201,7 @@ async function episodesPage(runId, query) {
       h("td", {}, link(`#/runs/${runId}/episodes/${encodeURIComponent(e.id)}`, e.id)),
       h("td", { class: "num" }, e.step), h("td", {}, e.kind), h("td", { class: "num" }, e.seed),
       h("td", { class: "num" }, e.actions.length), h("td", { class: "num" }, num(e.reward, 2)),
-      h("td", {}, badge(e.end || (e.solved ? "solved" : "unsolved"))),
+      h("td", {}, badge(ending(e), e.end || (e.solved ? "solved" : "unsolved"))),
       h("td", { class: "num" }, (e.invalid_turns || []).filter(Boolean).length),
       h("td", { class: "num" }, `v${e.adapter_version}`), h("td", { class: "num" }, e.frames.length))))));
 }
@@ -210,7 +216,7 @@ function turnCard(runId, episode, t, onpick) {
   const last = t === episode.actions.length;
   const invalid = !last && (episode.invalid_turns || [])[t];
   return h("figure", { class: `turn${invalid ? " invalid" : ""}`, "data-turn": t, onclick: () => onpick(t) },
-    frame, h("figcaption", {}, last ? `end: ${episode.end || (episode.solved ? "solved" : "not solved")}`
+    frame, h("figcaption", {}, last ? `end: ${ending(episode)}`
       : h("span", {}, `${t + 1}. `, h("code", {}, episode.actions[t].trim() || "(empty)"))));
 }
 
@@ -223,7 +229,7 @@ function logprobText(values) {
 function episodeSummary(e) {
   return h("dl", { class: "summary" },
     ...[["Step", `${e.step} (${e.kind})`], ["Task (seed)", e.seed], ["Reward", num(e.reward, 2)],
-      ["Ended", e.end || (e.solved ? "solved" : "not solved")], ["Moves", `${e.moves ?? "–"} (optimal ${e.optimal_moves ?? "–"})`],
+      ["Ended", ending(e)], ["Moves", `${e.moves ?? "–"} (optimal ${e.optimal_moves ?? "–"})`],
       ["Invalid actions", (e.invalid_turns || []).filter(Boolean).length], ["Adapter", `v${e.adapter_version}`]]
       .flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))]));
 }
@@ -241,9 +247,9 @@ async function episodePage(runId, episodeId) {
     const thumb = cards.querySelector(`[data-turn="${current}"] img`);
     big.src = thumb?.src || "";
     const last = current === n;
-    detail.replaceChildren(
+    fill(detail,
       h("h2", { id: "turn-title" }, last ? `End (after ${n} turns)` : `Turn ${current + 1} of ${n}`),
-      last ? h("p", {}, `Ended: ${episode.end || (episode.solved ? "solved" : "not solved")}, reward ${num(episode.reward, 2)}`)
+      last ? h("p", {}, `Ended: ${ending(episode)}, reward ${num(episode.reward, 2)}`)
         : h("div", {},
           h("p", {}, "Action: ", h("code", { class: "action" }, episode.actions[current])),
           (episode.invalid_turns || [])[current] ? h("p", { class: "error" }, "The env could not read this action.") : null,
@@ -261,7 +267,7 @@ async function episodePage(runId, episodeId) {
       show(moves[event.key]);
     }
   }, { signal: leave.signal });
-  page.replaceChildren(
+  fill(page,
     h("p", {}, link(`#/runs/${runId}/episodes?step=${episode.step}&kind=${episode.kind}`, `← episodes of step ${episode.step}`)),
     h("h1", {}, `Episode ${episode.id}`), episodeSummary(episode),
     episode.frames.length ? null : h("p", { class: "sub" }, "No frames were kept for this episode (see frames.train in the run config)."),
@@ -292,7 +298,7 @@ async function comparePage(runId, query) {
     }
     return h("div", { class: "column" }, h("h2", {}, `Step ${step}`), episodeSummary(e), cards);
   };
-  page.replaceChildren(
+  fill(page,
     h("p", {}, link(`#/runs/${runId}`, `← run ${runId}`)), h("h1", {}, "Compare an eval task at two steps"),
     h("div", { class: "filters" }, select("seed", seeds, "Task (seed)"), select("a", steps, "Step"), select("b", steps, "against step")),
     h("p", { class: "sub" }, "Turns whose action differs between the two steps are outlined."),
@@ -307,7 +313,7 @@ async function route() {
   const [path, search] = location.hash.replace(/^#/, "").split("?");
   const query = new URLSearchParams(search || "");
   const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
-  page.replaceChildren(h("p", { class: "sub" }, "Loading…"));
+  fill(page, h("p", { class: "sub" }, "Loading…"));
   try {
     if (parts[0] === "runs" && parts.length === 2) await runPage(parts[1]);
     else if (parts[0] === "runs" && parts[2] === "episodes" && parts.length === 4) await episodePage(parts[1], parts[3]);
