@@ -16,13 +16,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from services.common.procs import free_port, stop_process
+from services.coordinator.store import RunStore
 from tests.coordinator.finished_run import record_with_env_server
 
 pytestmark = pytest.mark.slow
@@ -36,8 +39,8 @@ ALL_FRAMES_LOADED = """() => {
 
 
 @pytest.fixture(scope="module")
-def coordinator(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The URL of a real coordinator process whose Redis holds a finished run."""
+def coordinator(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """The URL of a real coordinator process and of its Redis, which holds a finished run."""
     shared_root = tmp_path_factory.mktemp("shared")
     url = f"{redis_url}/4"
     asyncio.run(record_with_env_server(url, shared_root))
@@ -56,13 +59,14 @@ def coordinator(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             pass
         assert proc.poll() is None and time.monotonic() < deadline, "the coordinator did not start"
         time.sleep(0.2)
-    yield base
+    yield base, url
     stop_process(proc)
 
 
 @pytest.fixture
-def browser_page(coordinator: str) -> Iterator[tuple[Any, list[str]]]:
+def browser_page(coordinator: tuple[str, str]) -> Iterator[tuple[Any, list[str]]]:
     """A chromium page; requests to any other host are refused and listed."""
+    base = coordinator[0]
     try:
         from playwright import sync_api
     except ImportError:
@@ -77,7 +81,7 @@ def browser_page(coordinator: str) -> Iterator[tuple[Any, list[str]]]:
         page = browser.new_page(viewport={"width": 1280, "height": 900})
 
         def local_only(route: Any) -> None:
-            if route.request.url.startswith(coordinator) or route.request.url.startswith(("blob:", "data:")):
+            if route.request.url.startswith(base) or route.request.url.startswith(("blob:", "data:")):
                 route.continue_()
             else:
                 outside.append(route.request.url)
@@ -89,18 +93,26 @@ def browser_page(coordinator: str) -> Iterator[tuple[Any, list[str]]]:
         browser.close()
 
 
+async def _add_step_event(redis_url: str) -> None:
+    store = RunStore.from_url(redis_url)
+    try:
+        await store.add_event("console-tiny", "step", {"step": 4, "reward/mean": 1.0, "train/solve_rate": 1.0})
+    finally:
+        await store.close()
+
+
 def _screenshots() -> Path | None:
     return Path(os.environ["MMRL_SCREENSHOTS_DIR"]) if os.environ.get("MMRL_SCREENSHOTS_DIR") else None
 
 
 def test_the_console_shows_the_run_its_curves_and_every_frame_of_an_episode(
-        coordinator: str, browser_page: tuple[Any, list[str]], tmp_path: Path) -> None:
-    page, outside = browser_page
+        coordinator: tuple[str, str], browser_page: tuple[Any, list[str]], tmp_path: Path) -> None:
+    (base, redis_url), (page, outside) = coordinator, browser_page
     shots = _screenshots() or tmp_path
     shots.mkdir(parents=True, exist_ok=True)
 
     # The token prompt, then the run list.
-    page.goto(f"{coordinator}/ui/")
+    page.goto(f"{base}/ui/")
     page.fill("#token-input", TOKEN)
     page.click("#token-form button")
     row = page.locator("table.runs tbody tr", has_text="console tiny")
@@ -117,9 +129,23 @@ def test_the_console_shows_the_run_its_curves_and_every_frame_of_an_episode(
     assert page.locator("h2", has_text="Adapter versions").is_visible()
     assert page.locator("text=adapters/v000003").is_visible()
     page.screenshot(path=str(shots / "console-run.png"), full_page=True)
+    assert page.locator(".error").count() == 0
+
+    # Live: while the run runs, a step event extends the curves without a reload.
+    live = redis.Redis.from_url(redis_url, decode_responses=True)
+    live.hset("mmrl:run:console-tiny", "state", "running")
+    try:
+        page.reload()
+        page.wait_for_selector('path[data-series="reward"]')
+        with ThreadPoolExecutor(1) as pool:  # playwright's sync API holds this thread's event loop
+            pool.submit(asyncio.run, _add_step_event(redis_url)).result()
+        page.wait_for_function("""() => document.querySelector('path[data-series="reward"]')
+            .getAttribute('d').split('L').length === 4""")
+    finally:
+        live.hset("mmrl:run:console-tiny", "state", "succeeded")
 
     # Episodes of the last eval, then the first solved one: every turn's frame loads.
-    page.goto(f"{coordinator}/ui/#/runs/console-tiny/episodes?kind=eval&step=3&solved=true")
+    page.goto(f"{base}/ui/#/runs/console-tiny/episodes?kind=eval&step=3&solved=true")
     page.wait_for_selector("table.episodes tbody tr")
     page.screenshot(path=str(shots / "console-episodes.png"))
     page.locator("table.episodes tbody tr a").first.click()
@@ -141,14 +167,14 @@ def test_the_console_shows_the_run_its_curves_and_every_frame_of_an_episode(
     assert page.evaluate("document.querySelector('.frame.big').naturalWidth") > 0
 
     # One eval task at steps 0 and 3, side by side.
-    page.goto(f"{coordinator}/ui/#/runs/console-tiny/compare")
+    page.goto(f"{base}/ui/#/runs/console-tiny/compare")
     page.wait_for_selector(".compare .column h2")
     page.wait_for_function(ALL_FRAMES_LOADED)
     assert page.locator(".compare .column h2").all_inner_texts() == ["Step 0", "Step 3"]
     page.screenshot(path=str(shots / "console-compare.png"), full_page=True)
 
     # The API docs render from the coordinator's own files.
-    page.goto(f"{coordinator}/docs")
+    page.goto(f"{base}/docs")
     page.wait_for_selector(".swagger-ui .info .title")
     assert "MMRL coordinator" in page.locator(".swagger-ui .info .title").inner_text()
     assert outside == []
