@@ -134,7 +134,8 @@ def main(argv: list[str]) -> int:
     if solved:
         best = max(solved, key=lambda e: len(e["frames"]))
         strip = args.out / "solved_episode.png"
-        episode_strip([Path(f) for f in best["frames"]], best["actions"], strip)
+        run_dir = stack.config.shared_root / "runs" / run["id"]  # frames are listed relative to it
+        episode_strip([run_dir / f for f in best["frames"]], best["actions"], strip)
     final_adapter = stack.config.shared_root / "runs" / run["id"] / "adapters" / f"v{final['adapter_version']:06d}"
     summary = {
         "start_solve_rate": evals[0]["greedy_solve_rate"], "end_solve_rate": evals[-1]["greedy_solve_rate"],

@@ -8,7 +8,7 @@ writes its part to `runs/<run_id>/learner_config.json` on shared storage.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -118,6 +118,16 @@ class EvalSettings(_Strict):
     save_frames: bool = Field(True, description="Write greedy eval episodes' frames to shared storage.")
 
 
+class FrameSettings(_Strict):
+    """Which training episodes keep their frames on shared storage
+    (`runs/<id>/episodes/train_step_<N>/`), for the console's episode pages. Greedy eval episodes
+    keep theirs by `eval.save_frames`."""
+
+    train: Literal["off", "groups", "all"] = Field(
+        "groups", description="off: none; groups: the first `train_groups` groups of every step; all: every episode.")
+    train_groups: int = Field(2, ge=1, description="Groups of every step whose frames are kept (train: groups).")
+
+
 class Endpoints(_Strict):
     """Service addresses; empty values fall back to the coordinator's settings (MMRL_*_ADDR)."""
 
@@ -140,6 +150,7 @@ class RunConfig(_Strict):
     optim: OptimSettings = Field(default_factory=OptimSettings)  # type: ignore[arg-type]
     loss: LossSettings = Field(default_factory=LossSettings)  # type: ignore[arg-type]
     eval: EvalSettings = Field(default_factory=EvalSettings)  # type: ignore[arg-type]
+    frames: FrameSettings = Field(default_factory=FrameSettings)  # type: ignore[arg-type]
     endpoints: Endpoints = Field(default_factory=Endpoints)  # type: ignore[arg-type]
     steps: int = Field(10, ge=1, le=1_000_000, description="GRPO steps to run.")
     checkpoint_interval: int = Field(5, ge=1, description="Steps between learner checkpoints.")

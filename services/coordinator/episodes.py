@@ -39,8 +39,8 @@ class EpisodeResult:
     # One reward per turn (the env's reward of that transition).
     rewards: list[float] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
-    # The episode ended because the task did (terminated) or was cut at its move budget or the
-    # run's turn limit (truncated); neither while it runs.
+    # The env ended the episode because the task ended (terminated) or its move budget ran out
+    # (truncated); neither while it runs or when the run's turn limit cut it.
     terminated: bool = False
     truncated: bool = False
     adapter_version: int = 0
@@ -196,8 +196,6 @@ async def play_episodes(
                 episode.state_keys.append(state.state_key)
                 still_active.append(i)
             active = still_active
-        for i in active:  # still running at the turn limit
-            results[i].truncated = True
     finally:
         ids = [r.episode_id for r in results]
         services.rollouts.forget(ids)

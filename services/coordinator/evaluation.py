@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from services.common.conversation import ChatTokens, Tokenizer
@@ -84,20 +83,3 @@ async def run_eval(
     }
     return summary, greedy
 
-
-def episode_record(episode: EpisodeResult, *, step: int, kind: str, frame_dir: Path | None = None) -> dict[str, Any]:
-    """A JSON record of an episode for Redis; frames (if any) are written under `frame_dir`."""
-    frames: list[str] = []
-    if frame_dir is not None and episode.frames:
-        frame_dir.mkdir(parents=True, exist_ok=True)
-        for turn, data in enumerate(episode.frames):
-            path = frame_dir / f"turn_{turn:03d}.png"
-            path.write_bytes(data)
-            frames.append(str(path))
-    return {
-        "id": episode.episode_id, "step": step, "kind": kind, "seed": episode.spec.seed,
-        "group": episode.group_index, "reward": episode.reward, "solved": episode.solved,
-        "moves": episode.info.get("moves"), "optimal_moves": episode.info.get("optimal_moves"),
-        "actions": episode.actions, "adapter_version": episode.adapter_version,
-        "num_tokens": len(episode.conversation.record_ids), "frames": frames,
-    }

@@ -39,7 +39,8 @@ from services.coordinator.episodes import (
     play_episodes,
     prefix_cached_fraction,
 )
-from services.coordinator.evaluation import EvalPlan, episode_record, eval_turn_limit, run_eval
+from services.coordinator.evaluation import EvalPlan, eval_turn_limit, run_eval
+from services.coordinator.records import eval_records, train_records
 from services.coordinator.replicas import Services
 from services.coordinator.store import RunState, RunStore, state_change
 from services.coordinator.tasks import ConfigRefused, require_action_budget, require_env, task_seed
@@ -119,8 +120,8 @@ async def execute_run(ctx: RunContext) -> RunState:
             # Record the step (metrics + episodes + counter) atomically.
             sampled.timers.seconds["step"] = time.perf_counter() - step_started
             metrics = step_metrics(cfg, step, sampled, trajectories, train, sampled_with, adapter_version)
-            records = {e.episode_id: episode_record(e, step=step, kind="train")
-                       for group in sampled.groups for e in group}
+            records, metrics["episodes/frames_bytes"] = train_records(
+                sampled.groups, step=step, run_dir=ctx.shared_root / "runs" / ctx.run_id, settings=cfg.frames)
             await ctx.store.commit_step(ctx.run_id, step, metrics, records)
             await ctx.store.update_run(ctx.run_id, adapter_version=adapter_version)
 
@@ -277,7 +278,7 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
             sampling=sampling, run_id=ctx.run_id, adapter_version=adapter_version,
             system_prompt=cfg.system_prompt, max_turns=cfg.turn_limit,
             seed=cfg.seed * 100_003 + step * 101 + round_index, timers=timers,
-            greedy_per_spec=cfg.grpo.greedy_per_group)
+            greedy_per_spec=cfg.grpo.greedy_per_group, keep_frames=cfg.frames.train != "off")
         num_played += len(episodes)
         keep: list[list[EpisodeResult]] = []
         uninformative = []
@@ -315,13 +316,8 @@ async def evaluate(ctx: RunContext, plan: EvalPlan, *, step: int, adapter_versio
                                      adapter_version=adapter_version, seed=ctx.config.seed + 7 * step,
                                      timers=timers, keep_frames=keep)
     summary.update({"step": step, "eval_s": time.perf_counter() - started})
-    frames_root = ctx.shared_root / "runs" / ctx.run_id / "episodes" / f"eval_step_{step:06d}"
-    records = {
-        f"eval-{step}-{i}": {**episode_record(e, step=step, kind="eval",
-                                                frame_dir=frames_root / f"{i:03d}" if keep else None),
-                              "id": f"eval-{step}-{i}"}
-        for i, e in enumerate(greedy)
-    }
+    records, summary["frames_bytes"] = eval_records(greedy, step=step, run_dir=ctx.shared_root / "runs" / ctx.run_id,
+                                                    keep_frames=keep)
     await ctx.store.record_eval(ctx.run_id, step, summary, records)
     log.info("eval", extra={"run_id": ctx.run_id, **summary})
 

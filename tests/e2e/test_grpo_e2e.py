@@ -99,7 +99,10 @@ def test_a_short_grpo_run_publishes_loads_and_records_everything(stack: Stack, t
         assert len(recorded["episodes"]) == 4
         assert e["greedy_solve_rate"] == sum(r["solved"] for r in recorded["episodes"]) / 4
     eval_episode = api.request("GET", f"/v1/runs/{run_id}/episodes", params={"kind": "eval", "step": 3})
-    assert all(Path(f).is_file() for f in eval_episode["episodes"][0]["frames"])
+    first = eval_episode["episodes"][0]
+    assert first["frames"] and all((stack.config.shared_root / "runs" / run_id / f).is_file() for f in first["frames"])
+    image = httpx.get(f"{stack.api_url}/v1/runs/{run_id}/episodes/{first['id']}/frames/0", timeout=30)
+    assert image.headers["content-type"] == "image/png" and image.content.startswith(b"\x89PNG")
 
     events = httpx.get(f"{stack.api_url}/v1/runs/{run_id}/events", timeout=30).text
     for kind in ("state", "step", "eval", "adapter"):

@@ -10,7 +10,8 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 from services.common.waiting import poll_until
-from services.coordinator.api import runs, system, triggers
+from services.coordinator.api import artifacts, configs, runs, system, triggers
+from services.coordinator.api.console import mount_console
 from services.coordinator.api.deps import require_token
 from services.coordinator.config import CoordinatorSettings
 from services.coordinator.manager import RunManager
@@ -58,8 +59,11 @@ def create_app(settings: CoordinatorSettings | None = None, store: RunStore | No
         await manager.resume_left_running()
 
     app = FastAPI(title="MMRL coordinator", version="0.1.0", lifespan=lifespan,
-                  description="Start, watch, pause, resume and stop multi-turn GRPO runs.")
+                  description="Start, watch, pause, resume and stop multi-turn GRPO runs.",
+                  docs_url=None, redoc_url=None)
     app.include_router(system.router)
-    app.include_router(runs.router, dependencies=[Depends(require_token)])
+    for router in (runs.router, artifacts.router, configs.router):
+        app.include_router(router, dependencies=[Depends(require_token)])
     app.include_router(triggers.router)  # its own auth: the token, or a signature for /s3
+    mount_console(app)
     return app

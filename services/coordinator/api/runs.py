@@ -83,10 +83,13 @@ async def run_episodes(
     run: RunDep, store: StoreDep,
     kind: Annotated[str | None, Query(description="train or eval")] = None,
     step: Annotated[int | None, Query(ge=0)] = None,
+    solved: Annotated[bool | None, Query(description="only solved (true) or unsolved (false) episodes")] = None,
+    seed: Annotated[int | None, Query(ge=0, description="only episodes of this task (maze seed)")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> EpisodeList:
+    wanted = {"kind": kind, "step": step, "solved": solved, "seed": seed}
     episodes = [e for e in await store.episodes(run["id"])
-                if (kind is None or e["kind"] == kind) and (step is None or e["step"] == step)]
+                if all(value is None or e.get(name) == value for name, value in wanted.items())]
     return EpisodeList(episodes=episodes[:limit])
 
 
