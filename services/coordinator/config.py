@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from services.common.config_files import read_config_file
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT
 from services.common.maze import Cell, num_cells_per_side, option_flag, parse_cell
+from services.common.tracing import TracingMode
 from services.coordinator.advantages import Normalize, PathCredit
 
 # Which episodes hindsight replays (services/coordinator/hindsight.py).
@@ -255,6 +256,10 @@ class RunConfig(_Strict):
     colocated: bool = Field(
         False, description="Sleep the rollout engine during training (vLLM sleep mode; GPU only)."
     )
+    loggers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default=["tensorboard"],
+        description="Experiment trackers fed every step and eval (services/coordinator/trackers.py); "
+                    "tensorboard writes runs/<id>/tensorboard/ on shared storage.")
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
@@ -343,6 +348,8 @@ class CoordinatorSettings(BaseSettings):
         "retries, or a learner that no longer holds the run: it was restarted), each time the coordinator "
         "drives it (after a coordinator restart or a resume the count starts again)."))
     service_wait_s: float = Field(600.0, ge=0, description="How long a run waits for a lost service to come back.")
+    tracing: TracingMode = Field("off", description="OpenTelemetry tracing (MMRL_TRACING): off, otlp "
+                                 "(OTEL_EXPORTER_OTLP_* variables) or console; one trace per GRPO step.")
 
     def endpoints_for(self, config: RunConfig) -> Endpoints:
         return Endpoints(

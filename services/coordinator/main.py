@@ -15,12 +15,14 @@ def main(argv: list[str]) -> int:
 
     import uvicorn
 
+    from services.common import tracing
     from services.common.logging import setup_logging
     from services.coordinator.api.app import create_app
     from services.coordinator.config import CoordinatorSettings
 
     setup_logging("coordinator", args.log_level)
     settings = CoordinatorSettings()  # MMRL_* environment variables
+    tracing.configure("coordinator", settings.tracing)
     app = create_app(settings)
     # uvicorn handles SIGTERM/SIGINT gracefully; run loops are cancelled and resume on restart.
     uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.v1 import env_pb2, learner_pb2, rollout_pb2
+from services.common import tracing
 from services.common.conversation import ChatTokens, Tokenizer
 from services.common.maze import ACTIONS, TRAIN_SEED_LIMIT, is_eval_layout, layout_key, num_cells_per_side
 from services.common.trajectory import Trajectory
@@ -259,6 +260,7 @@ async def execute_run(ctx: RunContext) -> RunState:
             if served:
                 return RunState(served["state"])
             step_started = time.perf_counter()
+            tracing.begin_step(run_id, step)  # one trace per step (services/common/tracing.py)
 
             # 1-3. B mazes (seeds from run seed + step), G episodes each, played turn by turn.
             if pending is not None:
@@ -371,6 +373,7 @@ class SampledStep:
         return len(self.dropped)
 
 
+@tracing.traced("sample")
 async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling: Sampling,
                       eval_layouts: frozenset[bytes]) -> SampledStep:
     """Plays the B groups of one step with one adapter version. With dynamic sampling, each round
@@ -425,6 +428,7 @@ def interleave(main: list[Trajectory], extra: list[Trajectory]) -> list[Trajecto
     return [t for *_, t in sorted(keyed, key=lambda k: (k[0], k[1]))]
 
 
+@tracing.traced("sync")
 async def publish_and_load(ctx: RunContext, timers: Timers) -> int:
     """Learner publishes version N; every rollout replica loads and confirms it."""
     started = time.perf_counter()
@@ -438,6 +442,7 @@ async def publish_and_load(ctx: RunContext, timers: Timers) -> int:
     return int(published.version)
 
 
+@tracing.traced("eval")
 async def evaluate(ctx: RunContext, plan: EvalPlan, *, step: int, adapter_version: int, timers: Timers) -> None:
     started = time.perf_counter()
     keep = ctx.config.eval.save_frames
@@ -456,6 +461,7 @@ async def evaluate(ctx: RunContext, plan: EvalPlan, *, step: int, adapter_versio
     log.info("eval", extra={"run_id": ctx.run_id, **summary})
 
 
+@tracing.traced("checkpoint")
 async def save_checkpoint(ctx: RunContext, step: int) -> int:
     """The learner's checkpoint of GRPO step `step` (its current state), recorded with the run."""
     await ctx.services.learner.call("SaveCheckpoint", ctx.services.learner.stub.SaveCheckpoint,

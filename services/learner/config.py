@@ -14,6 +14,8 @@ from typing import Literal, Self
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.common.tracing import TracingMode
+
 # Every linear layer of the language model's decoder layers; the vision tower and its merger
 # are not adapted (vLLM applies LoRA to the language model only).
 DEFAULT_LORA_TARGETS = (
@@ -150,3 +152,9 @@ class LearnerSettings(BaseSettings):
         default="INFO", validation_alias=AliasChoices("MMRL_LEARNER_LOG_LEVEL", "MMRL_LOG_LEVEL", "log_level")
     )
     """Logging level (MMRL_LEARNER_LOG_LEVEL, else MMRL_LOG_LEVEL, which every service reads)."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the Prometheus /metrics HTTP endpoint (MMRL_LEARNER_METRICS_PORT); 0: not served."""
+    tracing: TracingMode = Field(
+        default="off", validation_alias=AliasChoices("MMRL_LEARNER_TRACING", "MMRL_TRACING", "tracing"))
+    """OpenTelemetry tracing: off, otlp (OTEL_EXPORTER_OTLP_* variables) or console (MMRL_LEARNER_TRACING,
+    else MMRL_TRACING)."""

@@ -37,6 +37,7 @@ def parser(settings: LearnerSettings) -> argparse.ArgumentParser:
         help="memory for the frozen vision tower's outputs per frame (0: off)",
     )
     parser.add_argument("--log-level", default=settings.log_level)
+    parser.add_argument("--metrics-port", type=int, default=settings.metrics_port, help="Prometheus port (rank 0), 0 = off")
     parser.add_argument("--nproc", type=int, default=1, help="ranks on this node (torchrun when > 1)")
     parser.add_argument("--nnodes", type=int, default=1, help="nodes (torchrun rendezvous when > 1)")
     parser.add_argument("--node-rank", type=int, help="this node's rank (static rendezvous; rank 0 serves)")
@@ -57,6 +58,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         f"--dtype={args.dtype}",
         f"--log-level={args.log_level}",
         f"--image-cache-mb={args.image_cache_mb}",
+        f"--metrics-port={args.metrics_port}",
     ]
     if args.num_threads is not None:
         argv.append(f"--num-threads={args.num_threads}")
@@ -85,9 +87,11 @@ def torchrun_command(args: argparse.Namespace) -> list[str]:
 async def _serve(settings: LearnerSettings, engine: object, port_file: Path | None) -> None:
     from mmrl.v1 import learner_pb2_grpc
     from services.common.grpc_server import start_server, wait_for_termination
+    from services.common.metrics import start_observability
     from services.learner.driver import LearnerDriver
     from services.learner.servicer import SERVICE_NAME, LearnerServicer
 
+    start_observability("learner", settings.metrics_port, settings.tracing, settings.host)
     servicer = LearnerServicer(LearnerDriver(engine))  # type: ignore[arg-type]
     running = await start_server(
         lambda server: learner_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, server),
@@ -121,6 +125,7 @@ def main(argv: list[str]) -> int:
             "log_level": args.log_level,
             "num_threads": args.num_threads,
             "image_cache_mb": args.image_cache_mb,
+            "metrics_port": args.metrics_port,
         }
     )
     log = setup_logging("learner", settings.log_level)

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from services.common.grpc_server import wait_for_termination
 from services.common.logging import setup_logging
 from services.common.messages import summary
+from services.common.metrics import start_observability
 from services.rollout.config import RolloutConfig, ServerSettings, load_config
 from services.rollout.service import RolloutServer
 
@@ -62,6 +63,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-lora-rank", type=int, default=None,
                         help="largest LoRA rank accepted, one of vLLM's sizes (default 16)")
     parser.add_argument("--log-level", default=settings.log_level)
+    parser.add_argument("--metrics-port", type=int, default=settings.metrics_port, help="Prometheus port, 0 = off")
     args = parser.parse_args(argv)
 
     try:
@@ -71,6 +73,7 @@ def main(argv: list[str]) -> int:
         parser.error(f"invalid configuration: {exc}")
     setup_logging("rollout", args.log_level)
     log.info("starting rollout service", extra={"config": config.model_dump(), "shared_root": str(args.shared_root)})
+    start_observability("rollout", args.metrics_port, settings.tracing, args.host)
     with tempfile.TemporaryDirectory(prefix="mmrl-rollout-adapters-") as tmp:
         cache_dir = settings.adapter_cache_dir or Path(tmp)
         cache_dir.mkdir(parents=True, exist_ok=True)
