@@ -18,6 +18,7 @@ import asyncio
 import logging
 import math
 import os
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -66,7 +67,9 @@ class TensorBoardTracker:
             from tensorboardX import SummaryWriter
 
             self.logdir.mkdir(parents=True, exist_ok=True)
-            self._writer = SummaryWriter(logdir=str(self.logdir), purge_step=step if step > 0 else None)
+            # A unique suffix: two writers started within one second would otherwise share a file name.
+            self._writer = SummaryWriter(logdir=str(self.logdir), purge_step=step if step > 0 else None,
+                                         filename_suffix=f".{uuid.uuid4().hex[:8]}")
         return self._writer
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
