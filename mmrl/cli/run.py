@@ -114,6 +114,22 @@ def watch_status(final: dict[str, Any]) -> int:
     return 0 if final["state"] in ("succeeded", "paused") else 1
 
 
+def plot_run(api: ApiClient, run_id: str, out: Path) -> Path:
+    """Writes the run's learning curve as `out` (PNG) and `out` with suffix .json; returns `out`."""
+    from mmrl.cli.report import learning_curve, plot_curve, write_json
+
+    run = api.run(run_id)
+    evals = api.request("GET", f"/v1/runs/{run_id}/evals")["evals"]
+    metrics = api.request("GET", f"/v1/runs/{run_id}/metrics")["metrics"]
+    if not evals and not metrics:
+        raise SystemExit(f"run {run_id} has recorded no step or eval yet")
+    curve = learning_curve(evals, metrics)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plot_curve(curve, out, f"{run['name']} ({run_id}), step {run['step']}/{run['steps']}")
+    write_json(out.with_suffix(".json"), curve)
+    return out
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl run", description=__doc__)
     parser.add_argument("--api", default=os.environ.get("MMRL_API_URL", "http://127.0.0.1:8000"))
@@ -126,6 +142,9 @@ def main(argv: list[str]) -> int:
     sub.add_parser("list", help="list runs")
     for action in ("status", "watch", "pause", "resume", "stop"):
         sub.add_parser(action).add_argument("run_id")
+    plot = sub.add_parser("plot", help="draw a run's learning curve (eval solve rates, training reward)")
+    plot.add_argument("run_id")
+    plot.add_argument("--out", type=Path, help="PNG to write (default <run id>.png); its JSON goes beside it")
     args = parser.parse_args(argv)
     api = ApiClient(args.api, args.token)
 
@@ -141,6 +160,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps(api.run(args.run_id), indent=2))
     elif args.action == "watch":
         return watch_status(watch(api, args.run_id))
+    elif args.action == "plot":
+        print(plot_run(api, args.run_id, args.out or Path(f"{args.run_id}.png")))
     else:
         run = api.request("POST", f"/v1/runs/{args.run_id}/{args.action}")
         print(f"{run['id']}: {run['state']}{' (' + run['desired'] + ' requested)' if run.get('desired') else ''}")
