@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages MMRL needs on a developer machine or CI runner, when missing:
-# redis-server (run state for the coordinator), docker-compose (offline parse of the compose file)
-# and, where no kubectl is installed, Debian's kubernetes-client (kubectl kustomize for the
-# static checks of deploy/k8s), and prometheus (its promtool checks deploy/prometheus/prometheus.yml).
+# redis-server (run state for the coordinator), docker-compose (offline parse of the compose file),
+# where no kubectl is installed Debian's kubernetes-client (kubectl kustomize for the static checks
+# of deploy/k8s), and prometheus (its promtool checks deploy/prometheus/prometheus.yml).
 set -euo pipefail
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
