@@ -58,6 +58,8 @@ class Stack:
         self.config = config
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ports = {name: config.ports.get(name) or free_port() for name in SERVICES}
+        # Prometheus /metrics of the gRPC services (the coordinator serves it on its REST port).
+        self.metrics_ports = {name: free_port() for name in SERVICES if name != "coordinator"}
         self.redis_url = config.redis_url
 
     @property
@@ -67,6 +69,12 @@ class Stack:
     def client(self) -> ApiClient:
         """A REST client of this stack's coordinator (with its token, if it has one)."""
         return ApiClient(self.api_url, self.config.api_token)
+
+    def metrics_url(self, service: str) -> str:
+        """Where `service`'s Prometheus text is served."""
+        if service == "coordinator":
+            return f"{self.api_url}/metrics"
+        return f"http://{self.config.host}:{self.metrics_ports[service]}/metrics"
 
     def address(self, service: str) -> str:
         return f"{self.config.host}:{self.ports[service]}"
@@ -82,6 +90,7 @@ class Stack:
             "MMRL_API_TOKEN": self.config.api_token,
             "MMRL_RESUME_RUNS": "true" if self.config.resume_runs else "false",
             "PYTHONUNBUFFERED": "1",
+            **{f"MMRL_{name.upper()}_METRICS_PORT": str(port) for name, port in self.metrics_ports.items()},
         })
         return env
 

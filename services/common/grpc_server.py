@@ -16,6 +16,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common.tracing import client_interceptors, server_interceptors
+
 log = logging.getLogger("mmrl.grpc")
 
 # Generous message limits: a Generate or TrainStep call carries frames and token arrays of a
@@ -62,7 +64,7 @@ async def start_server(
     `service_full_name` is e.g. "mmrl.v1.EnvService", `address` e.g. "127.0.0.1:0".
     Health starts as SERVING unless `serving` is False (services whose engine loads later).
     """
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    server = grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=server_interceptors())
     add_servicer(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -101,8 +103,9 @@ async def wait_for_termination(running: RunningServer, on_stop: Sequence[Callabl
 
 
 def channel(target: str) -> grpc.aio.Channel:
-    """An insecure aio channel with the same message limits as the servers."""
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    """An insecure aio channel with the same message limits as the servers (calls counted, and traced
+    when tracing is on)."""
+    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=client_interceptors())
 
 
 async def check_health(target: str, service: str = "", timeout_s: float = 2.0) -> bool:

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.config_files import apply_overrides, read_config_file
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT
+from services.common.tracing import TracingMode
 from services.common.training import LoraSettings, LossSettings, OptimSettings, TrainSettings
 from services.coordinator.advantages import Normalize
 
@@ -159,6 +160,10 @@ class RunConfig(_Strict):
     colocated: bool = Field(
         False, description="Sleep the rollout engine during training (vLLM sleep mode; GPU only)."
     )
+    loggers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default=["tensorboard"],
+        description="Experiment trackers fed every step and eval (services/coordinator/trackers.py); "
+                    "tensorboard writes runs/<id>/tensorboard/ on shared storage.")
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
@@ -218,6 +223,8 @@ class CoordinatorSettings(BaseSettings):
         "INFO", validation_alias=AliasChoices("MMRL_COORDINATOR_LOG_LEVEL", "MMRL_LOG_LEVEL", "log_level"),
         description="Logging level (MMRL_COORDINATOR_LOG_LEVEL, else MMRL_LOG_LEVEL, which every service reads).",
     )
+    tracing: TracingMode = Field("off", description="OpenTelemetry tracing (MMRL_TRACING): off, otlp "
+                                 "(OTEL_EXPORTER_OTLP_* variables) or console; one trace per GRPO step.")
 
     def endpoints_for(self, config: RunConfig) -> Endpoints:
         return Endpoints(

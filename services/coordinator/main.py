@@ -25,10 +25,12 @@ def main(argv: list[str]) -> int:
 
     import uvicorn
 
+    from services.common import tracing
     from services.common.logging import setup_logging
     from services.coordinator.api.app import create_app
 
     setup_logging("coordinator", settings.log_level)
+    tracing.configure("coordinator", settings.tracing)
     app = create_app(settings)
     # uvicorn handles SIGTERM/SIGINT gracefully; run loops are cancelled and resume on restart.
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)

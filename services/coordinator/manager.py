@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
+from services.common import tracing
 from services.common.conversation import ChatTokens
 from services.common.waiting import poll_until
 from services.coordinator.clients import CallPolicy, ServiceError
@@ -23,6 +24,7 @@ from services.coordinator.config import CoordinatorSettings, RunConfig
 from services.coordinator.replicas import Services
 from services.coordinator.runloop import ConfigRefused, RunContext, execute_run
 from services.coordinator.store import TERMINAL, RunState, RunStore, new_run_id, state_change
+from services.coordinator.trackers import RecordingStore
 
 log = logging.getLogger("mmrl.coordinator.manager")
 
@@ -107,6 +109,7 @@ class RunManager:
 
     async def _drive(self, run_id: str) -> None:
         services: Services | None = None
+        recording: RecordingStore | None = None
         try:
             run = await self.store.get_run(run_id)
             config = RunConfig.model_validate(run["config"])
@@ -120,7 +123,9 @@ class RunManager:
             else:
                 await services.wait_healthy(self.settings.service_wait_s)
             tokenizer = await asyncio.to_thread(load_tokenizer, config.model)
-            ctx = RunContext(run_id=run_id, config=config, services=services, store=self.store,
+            recording = await RecordingStore.open(self.store, run_id, config.loggers, run["config"],
+                                                  self.settings.shared_root)
+            ctx = RunContext(run_id=run_id, config=config, services=services, store=recording,
                              shared_root=self.settings.shared_root, tokenizer=tokenizer,
                              chat=ChatTokens.from_tokenizer(tokenizer))
             restarts = 0
@@ -146,6 +151,9 @@ class RunManager:
             log.exception("run failed", extra={"run_id": run_id})
             await self._fail(run_id, f"{type(exc).__name__}: {exc}")
         finally:
+            tracing.end_step()
+            if recording is not None:
+                await recording.close_trackers()
             self.learners.pop(run_id, None)
             if services is not None:
                 await services.close()

@@ -16,6 +16,7 @@ from services.common.config_files import load_model_file
 from services.common.grpc_server import start_server, wait_for_termination
 from services.common.logging import setup_logging
 from services.common.messages import summary
+from services.common.metrics import start_observability
 from services.common.settings_cli import add_model_options, given_values, settings_from
 from services.env.config import EnvConfig, ServerSettings
 from services.env.environment import MazeEnv
@@ -44,6 +45,7 @@ def main(argv: list[str]) -> int:
     config = load_model_file(EnvConfig, settings.config_file, given_values(args, EnvConfig, "config."))
     log = setup_logging("env", settings.log_level)
     log.info("starting env service", extra={"config": config.model_dump()})
+    start_observability("env", settings.metrics_port, settings.tracing, settings.host)
     asyncio.run(serve(f"{settings.host}:{settings.port}", MazeEnv(config)))
     return 0
 

@@ -15,6 +15,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.common.tracing import TracingMode
+
 
 class LearnerSettings(BaseSettings):
     """Process settings of `mmrl serve learner` (environment MMRL_LEARNER_*, flags override)."""
@@ -50,3 +52,9 @@ class LearnerSettings(BaseSettings):
         default="INFO", validation_alias=AliasChoices("MMRL_LEARNER_LOG_LEVEL", "MMRL_LOG_LEVEL", "log_level")
     )
     """Logging level (MMRL_LEARNER_LOG_LEVEL, else MMRL_LOG_LEVEL, which every service reads)."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the Prometheus /metrics HTTP endpoint (MMRL_LEARNER_METRICS_PORT); 0: not served."""
+    tracing: TracingMode = Field(
+        default="off", validation_alias=AliasChoices("MMRL_LEARNER_TRACING", "MMRL_TRACING", "tracing"))
+    """OpenTelemetry tracing: off, otlp (OTEL_EXPORTER_OTLP_* variables) or console (MMRL_LEARNER_TRACING,
+    else MMRL_TRACING)."""

@@ -14,6 +14,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.config_files import read_config_file
+from services.common.tracing import TracingMode
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
@@ -88,6 +89,9 @@ class RolloutConfig(BaseModel):
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs"
     """Log-probs returned per sampled token: of the model's distribution ("raw", what the learner's forward
     computes) or of the distribution actually sampled from after temperature/top-p/top-k ("processed")."""
+    engine_metrics: bool = True
+    """Record vLLM's own Prometheus metrics (`vllm:*`: requests, tokens, KV-cache use, prefix-cache hits),
+    served with the service's on its metrics port (vLLM's log stats; off: vLLM records none)."""
     seed: int = 0
     """Engine seed (requests without a seed draw from it)."""
     max_requests_per_call: int = Field(default=8192, ge=1)
@@ -140,6 +144,12 @@ class ServerSettings(BaseSettings):
     """Shared storage root; LoadAdapter only reads adapters below it (MMRL_SHARED_ROOT)."""
     adapter_cache_dir: Path | None = None
     """Local directory for the verified copies vLLM loads adapters from; unset: a temporary directory."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the Prometheus /metrics HTTP endpoint (MMRL_ROLLOUT_METRICS_PORT); 0: not served."""
+    tracing: TracingMode = Field(
+        default="off", validation_alias=AliasChoices("MMRL_ROLLOUT_TRACING", "MMRL_TRACING", "tracing"))
+    """OpenTelemetry tracing: off, otlp (OTEL_EXPORTER_OTLP_* variables) or console (MMRL_ROLLOUT_TRACING,
+    else MMRL_TRACING)."""
 
 
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> RolloutConfig:

@@ -71,7 +71,7 @@ def engine_args(config: RolloutConfig) -> Any:
         distributed_executor_backend="uni" if on_cpu and config.cpu_engine_core_runs_model else None,
         enable_sleep_mode=current_platform.is_sleep_mode_available(),
         worker_extension_cls=WORKER_EXTENSIONS[config.one_pass_mrope, grouped_lora],
-        disable_log_stats=True,
+        disable_log_stats=not config.engine_metrics,  # on: vLLM's Prometheus metrics (services/rollout/metrics.py)
     )
 
 

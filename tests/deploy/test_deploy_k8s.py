@@ -309,8 +309,12 @@ def test_every_mmrl_container_reads_the_settings_config_map(manifests: Manifests
             assert refs == [settings_name], f"{obj['metadata']['name']}/{c['name']}"
 
 
+METRICS_PORTS = {9101, 9102, 9103}  # Prometheus /metrics of env, rollout, learner (open to the cluster's scraper)
+
+
 def _allowed_sources(objs: list[dict[str, Any]]) -> dict[str, set[str]]:
-    """For each pod (by component label): 'outside' or the components a NetworkPolicy lets in."""
+    """For each pod (by component label): 'outside' or the components a NetworkPolicy lets in on a
+    port other than a metrics port."""
     components = {
         template_labels(w)["app.kubernetes.io/component"]: template_labels(w) for w in workloads(objs)
     }
@@ -322,6 +326,8 @@ def _allowed_sources(objs: list[dict[str, Any]]) -> dict[str, set[str]]:
             if selects(policy["spec"]["podSelector"].get("matchLabels", {}), labels)
         ]
         for rule in policy["spec"].get("ingress", []):
+            if rule.get("ports") and {p["port"] for p in rule["ports"]} <= METRICS_PORTS:
+                continue
             if "from" not in rule:
                 sources = {"outside"}
             else:
