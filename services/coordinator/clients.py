@@ -4,6 +4,9 @@ returns the plain dataclasses of wire.py; the protobuf types stay in this module
 
 Every call has a deadline and bounded retries (UNAVAILABLE only, with backoff); a failure raises
 ServiceError naming the service and its address, so a run fails with a reason a user can act on.
+ServiceError.lost says whether the failure means the service went away or restarted (the run waits
+for it and redoes the step) rather than that the request was wrong. Channels carry keepalive and
+the gRPC token (services/common/grpc_server.py).
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ log = logging.getLogger("mmrl.coordinator.clients")
 T = TypeVar("T")
 
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
+# Codes that mean the peer went away (UNAVAILABLE: refused, or dropped by keepalive; DEADLINE_EXCEEDED:
+# it hung), or came back without the state the call refers to (env: an unknown episode; rollout: an
+# adapter it never loaded). A redo from the newest checkpoint recreates that state; a genuine bug
+# fails the run after CoordinatorSettings.run_restarts redos without progress.
+_LOST = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "NOT_SERVING"}
+_LOST_STATE = {("env", "NOT_FOUND"), ("rollout", "NOT_FOUND")}
 
 
 class ServiceError(Exception):
@@ -48,6 +57,11 @@ class ServiceError(Exception):
         self.service = service
         self.address = address
         self.code = code
+
+    @property
+    def lost(self) -> bool:
+        """The service went away or restarted (wait for it, redo the step), not a bad request."""
+        return self.code in _LOST or (self.service, self.code) in _LOST_STATE
 
 
 @dataclass
@@ -316,13 +330,14 @@ class Services:
             raise ServiceError(client.service, client.address, "Health.Check", "NOT_SERVING",
                                "the service is down or not ready")
 
-    async def wait_healthy(self, timeout_s: float, poll_s: float = 2.0) -> None:
-        """Waits until every service is SERVING; raises require_healthy's ServiceError after `timeout_s`."""
+    async def wait_healthy(self, timeout_s: float, poll_s: float = 1.0, max_poll_s: float = 15.0) -> None:
+        """Waits until every service is SERVING, polling with backoff (from `poll_s` up to
+        `max_poll_s`); raises require_healthy's ServiceError after `timeout_s`."""
 
         async def all_healthy() -> bool:
             return await self.first_unhealthy() is None
 
-        if not await poll_until(all_healthy, timeout_s, poll_s):
+        if not await poll_until(all_healthy, timeout_s, poll_s, max_poll_s):
             await self.require_healthy()
 
     async def close(self) -> None:
