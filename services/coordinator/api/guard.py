@@ -14,10 +14,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 OWN_AUTH = ("/v1/triggers/s3",)
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 async def _reply(send: Send, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
     body = json.dumps({"detail": detail}).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
@@ -53,27 +49,25 @@ class RequestGuard:
             await _reply(send, 413, f"request body over {self.max_bytes} bytes (MMRL_MAX_REQUEST_BYTES)")
             return
         received = 0
-        started = False
+        replied = False  # the 413 went out: whatever the app answers after it is dropped
 
         async def counted_receive() -> Message:
-            nonlocal received
+            nonlocal received, replied
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise BodyTooLarge
+                if received > self.max_bytes:  # a body sent without Content-Length
+                    if not replied:
+                        replied = True
+                        await _reply(send, 413, f"request body over {self.max_bytes} bytes (MMRL_MAX_REQUEST_BYTES)")
+                    return {"type": "http.disconnect"}
             return message
 
-        async def tracked_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+        async def guarded_send(message: Message) -> None:
+            if not replied:
+                await send(message)
 
-        try:
-            await self.app(scope, counted_receive, tracked_send)
-        except BodyTooLarge:
-            if not started:
-                await _reply(send, 413, f"request body over {self.max_bytes} bytes (MMRL_MAX_REQUEST_BYTES)")
+        await self.app(scope, counted_receive, guarded_send)
 
 
 def install(app: Any, token: str, max_bytes: int) -> None:
