@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 
 
 def main(argv: list[str]) -> int:
@@ -21,6 +22,8 @@ def main(argv: list[str]) -> int:
 
     setup_logging("coordinator", args.log_level)
     settings = CoordinatorSettings()  # MMRL_* environment variables
+    if not settings.instance_id:  # restarted on the same host and port: it takes its run leases back at once
+        settings.instance_id = f"{socket.gethostname()}:{args.port}"
     app = create_app(settings)
     # uvicorn handles SIGTERM/SIGINT gracefully; run loops are cancelled and resume on restart.
     uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False)

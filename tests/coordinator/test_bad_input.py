@@ -48,7 +48,8 @@ def _raw_post(client: TestClient, text: str, headers: dict[str, str] | None = No
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
 def test_a_non_finite_number_is_a_422_naming_the_field(client: TestClient, literal: str) -> None:
     for section, field in (("loss", "tis_cap"), ("sampling", "temperature"), ("optim", "lr")):
-        text = '{"config": {"name": "x", "model": "org/allowed-model", "%s": {"%s": %s}}}' % (section, field, literal)
+        text = '{"config": {"name": "x", "model": "org/allowed-model", "SECTION": {"FIELD": VALUE}}}'
+        text = text.replace("SECTION", section).replace("FIELD", field).replace("VALUE", literal)
         reply = _raw_post(client, text)
         assert reply.status_code == 422, (section, reply.text)
         locations = [".".join(map(str, e["loc"])) for e in reply.json()["detail"]]

@@ -14,7 +14,15 @@ from fastapi.responses import StreamingResponse
 from services.common.messages import shown
 from services.coordinator.api.deps import ManagerDep, RunDep, StoreDep
 from services.coordinator.api.errors import RUN_RESPONSES
-from services.coordinator.api.models import EpisodeList, EvalList, MetricsList, Run, RunCreate, RunList, RunSummary
+from services.coordinator.api.models import (
+    EpisodeList,
+    EvalList,
+    MetricsList,
+    Run,
+    RunCreate,
+    RunList,
+    RunSummary,
+)
 from services.coordinator.manager import TransitionError
 from services.coordinator.store import TERMINAL
 
