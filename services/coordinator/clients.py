@@ -193,6 +193,11 @@ class RolloutClient(_Client):
                                f"version {version} was published with manifest sha256 {manifest_sha256}, "
                                f"the replica loaded {reply.manifest_sha256}")
 
+    async def served_versions(self, run_id: str) -> set[int]:
+        """The run's adapter versions this replica holds (it may reload any of them from storage)."""
+        reply = await self.call("ListAdapters", self.stub.ListAdapters, rollout_pb2.ListAdaptersRequest())
+        return {int(a.version) for a in reply.adapters if a.run_id == run_id}
+
     async def sleep(self, level: int = 1) -> None:
         await self.call("Sleep", self.stub.Sleep, rollout_pb2.SleepRequest(level=level))
 
@@ -249,6 +254,10 @@ class Rollouts:
 
     async def load_adapter(self, run_id: str, version: int, path: str, manifest_sha256: str = "") -> None:
         await asyncio.gather(*(c.load_adapter(run_id, version, path, manifest_sha256) for c in self.clients))
+
+    async def served_versions(self, run_id: str) -> set[int]:
+        """The run's adapter versions any replica holds."""
+        return set().union(*await asyncio.gather(*(c.served_versions(run_id) for c in self.clients)))
 
     async def sleep(self, level: int = 1) -> None:
         await asyncio.gather(*(c.sleep(level) for c in self.clients))

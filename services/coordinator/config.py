@@ -275,6 +275,10 @@ class CoordinatorSettings(BaseSettings):
     allowed_models: str = Field("", description=(
         "Comma-separated model directories (a run's model must resolve under one) or exact hub ids a run "
         "may name, besides directories under shared_root; `mmrl up` adds its model directory."))
+    keep_adapters: int = Field(0, ge=0, description=(
+        "Adapter versions kept per run on shared storage, newest first, besides those a replica serves "
+        "(0 = keep all)."))
+    keep_checkpoints: int = Field(0, ge=0, description="Checkpoints kept per run, newest first (0 = keep all).")
     allowed_endpoints: str = Field("", description=(
         "Comma-separated host:port a run config's endpoints may name besides the configured env, rollout "
         "and learner addresses (anything else is refused with 422)."))

@@ -26,6 +26,7 @@ from services.coordinator.clients import CallPolicy, ServiceError, Services
 from services.coordinator.config import CoordinatorSettings, RunConfig
 from services.coordinator.lease import Leases, default_owner
 from services.coordinator.recovery import REDIS_OUTAGE, RedisUnavailable, drive
+from services.coordinator.retention import prune
 from services.coordinator.runloop import ConfigRefused, RunContext, execute_run
 from services.coordinator.store import TERMINAL, RunState, RunStore, new_run_id, state_change
 
@@ -62,6 +63,7 @@ class RunManager:
         self.settings = settings
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.learners: dict[str, str] = {}  # run id -> learner address, while the run holds it
+        self.services: dict[str, Services] = {}  # run id -> its clients, while a task here drives it
         self.leases = Leases(store.r, settings.instance_id or default_owner(), settings.lease_ttl_s)
 
     def is_active(self, run_id: str) -> bool:
@@ -108,6 +110,7 @@ class RunManager:
             endpoints = self.settings.endpoints_for(config)
             policy = CallPolicy(timeout_s=self.settings.rpc_timeout_s, retries=self.settings.rpc_retries)
             services = Services.connect(endpoints.env, endpoints.rollout, endpoints.learner, policy)
+            self.services[run_id] = services
             # Before the tokenizer load, so a down service is named first. A new run fails at once; one
             # that has started before (resumed or adopted) waits for its services.
             if run["checkpoint_step"] < 0:
@@ -130,6 +133,7 @@ class RunManager:
             await self._fail(run_id, f"{type(exc).__name__}: {exc}")
         finally:
             self.learners.pop(run_id, None)
+            self.services.pop(run_id, None)
             if services is not None:
                 await services.close()
             with contextlib.suppress(RedisError, asyncio.CancelledError):
@@ -281,16 +285,35 @@ class RunManager:
                             extra={"run_id": run_id, "holder": await self.leases.holder(run_id)})
                 task.cancel()
 
+    async def prune_storage(self) -> None:
+        """Applies the retention (retention.py) to every run driven here; a replica that does not
+        answer ListAdapters defers it (a version it serves must not go)."""
+        if not (self.settings.keep_adapters or self.settings.keep_checkpoints):
+            return
+        for run_id, services in list(self.services.items()):
+            try:
+                served = await services.rollouts.served_versions(run_id)
+            except ServiceError:
+                continue
+            current = (await self.store.get_run(run_id))["adapter_version"]
+            await asyncio.to_thread(prune, self.settings.shared_root, run_id, keep_adapters=self.settings.keep_adapters,
+                                    keep_checkpoints=self.settings.keep_checkpoints, served_versions=served,
+                                    current_version=current)
+
     async def maintain(self) -> None:
-        """Forever: renew leases every third of their time to live and, with resume_runs, adopt runs
-        left running whose lease is free. Redis outages are waited out."""
+        """Forever: renew leases every third of their time to live, with resume_runs adopt runs left
+        running whose lease is free, and prune old adapters and checkpoints. Redis outages are
+        waited out."""
         while True:
             try:
                 await self.renew_leases()
                 if self.settings.resume_runs:
                     await self.resume_left_running()
+                await self.prune_storage()
             except RedisError as exc:
                 log.warning("Redis did not answer; leases and adoption wait for it", extra={"error": str(exc)})
+            except OSError as exc:
+                log.warning("pruning shared storage failed", extra={"error": str(exc)})
             await asyncio.sleep(self.settings.lease_ttl_s / 3)
 
     async def shutdown(self) -> None:
