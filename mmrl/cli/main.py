@@ -38,6 +38,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "rollout"): ("services.rollout.bench", "benchmark vLLM generation and adapters"),
     ("bench", "learner"): ("services.learner.bench", "benchmark GRPO training steps"),
     ("bench", "e2e"): ("mmrl.cli.bench_e2e", "benchmark whole GRPO steps through every service"),
+    ("bench", "faults"): ("mmrl.cli.bench_faults", "kill each service mid-step; the run must recover by itself"),
 }
 HELP = ("-h", "--help", "help")
 

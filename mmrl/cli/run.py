@@ -46,7 +46,9 @@ def stop_left_running(api: ApiClient) -> None:
     """Marks stopped the runs an earlier demo or benchmark left pending or running (a second Ctrl-C
     leaves at once): a coordinator started without resuming runs does not drive them, and the
     learner takes one run at a time."""
-    for run in api.request("GET", "/v1/runs")["runs"]:
+    left = [run for state in ("pending", "running")
+            for run in api.request("GET", "/v1/runs", params={"state": state, "limit": 1000})["runs"]]
+    for run in left:
         if run["state"] in ("pending", "running"):
             api.request("POST", f"/v1/runs/{run['id']}/stop")
             print(f"run {run['id']} was left {run['state']} at step {run['step']} by an earlier job: "
@@ -158,8 +160,14 @@ def main(argv: list[str]) -> int:
         if args.watch:
             return watch_status(watch(api, run["id"]))
     elif args.action == "list":
-        for run in api.request("GET", "/v1/runs")["runs"]:
-            print(f"{run['id']:<48} {run['state']:<10} step {run['step']}/{run['steps']}")
+        offset = 0
+        while True:
+            page = api.request("GET", "/v1/runs", params={"offset": offset, "limit": 1000})
+            for run in page["runs"]:
+                print(f"{run['id']:<48} {run['state']:<10} step {run['step']}/{run['steps']}")
+            offset += len(page["runs"])
+            if not page["runs"] or offset >= page["total"]:
+                break
     elif args.action == "status":
         print(json.dumps(api.run(args.run_id), indent=2))
     elif args.action == "watch":

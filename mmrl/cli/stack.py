@@ -81,7 +81,10 @@ class Stack:
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
+        models = {str(self.config.model.resolve()), str((self.config.learner_model or self.config.model).resolve())}
+        allowed = [a for a in os.environ.get("MMRL_ALLOWED_MODELS", "").split(",") if a.strip()]
         env.update({
+            "MMRL_ALLOWED_MODELS": ",".join([*allowed, *sorted(models)]),  # runs may name the stack's model
             "MMRL_SHARED_ROOT": str(self.config.shared_root.resolve()),
             "MMRL_REDIS_URL": self.redis_url,
             "MMRL_ENV_ADDR": self.address("env"),
@@ -138,7 +141,8 @@ class Stack:
             if port_open(parsed.hostname or "127.0.0.1", parsed.port or 6379):
                 return
             raise StackError(f"no Redis reachable at {self.redis_url}")
-        port = free_port()
+        port = self.ports.get("redis") or free_port()
+        self.ports["redis"] = port
         self.procs["redis"] = start_redis(port, data_dir=self.config.state_dir / "redis",
                                           log_path=logs / "redis.log")
         self.redis_url = f"redis://127.0.0.1:{port}/0"
@@ -175,10 +179,19 @@ class Stack:
         self.start((service,), log=False)
 
     def kill(self, service: str) -> None:
-        """SIGKILL, as a crash would (no graceful shutdown)."""
+        """SIGKILL of the service's whole process group, as a crash would (no graceful shutdown)."""
         proc = self.procs.pop(service)
         os.killpg(proc.pid, 9)
         proc.wait()
+
+    def start_again(self, service: str) -> None:
+        """Starts a killed service again on its address, as a supervisor would (Redis from its
+        append-only file), and waits until it is healthy."""
+        if service == "redis":
+            self.procs["redis"] = start_redis(self.ports["redis"], data_dir=self.config.state_dir / "redis",
+                                              log_path=self.config.state_dir / "logs" / "redis.log")
+            return
+        self.start((service,), log=False)
 
     def stop_service(self, service: str) -> None:
         proc = self.procs.pop(service, None)

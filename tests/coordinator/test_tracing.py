@@ -17,8 +17,8 @@ from services.common import tracing
 from services.common.conversation import ChatTokens
 from services.common.grpc_server import start_server
 from services.coordinator.clients import CallPolicy
-from services.coordinator.replicas import Services
 from services.coordinator.config import RunConfig
+from services.coordinator.replicas import Services
 from services.coordinator.runloop import RunContext, execute_run
 from services.coordinator.store import RunState
 from services.env.config import EnvConfig

@@ -371,11 +371,21 @@ def test_the_api_token_comes_from_a_secret_generated_only_by_the_local_overlay(m
         (token,) = [e for e in coordinator["env"] if e["name"] == "MMRL_API_TOKEN"]
         secret_name = token["valueFrom"]["secretKeyRef"]["name"]
         secrets = [o for o in objs if o["kind"] == "Secret"]
+        grpc_refs = {ref["secretRef"]["name"] for ref in coordinator["envFrom"] if "secretRef" in ref}
+        assert len(grpc_refs) == 1, "the gRPC token Secret"
         if overlay == "local":
-            assert [s["metadata"]["name"] for s in secrets] == [secret_name]
+            assert sorted(s["metadata"]["name"] for s in secrets) == sorted([secret_name, *grpc_refs])
         else:
             assert secrets == [], f"{overlay} must not carry a Secret: it is created on the cluster"
-            assert secret_name == "mmrl-api-token"
+            assert secret_name == "mmrl-api-token" and grpc_refs == {"mmrl-grpc-token"}
+
+
+def test_every_grpc_party_reads_the_grpc_token(manifests: Manifests) -> None:
+    for overlay, objs in manifests.items():
+        for kind, name in (("Deployment", "coordinator"), ("Deployment", "env"), ("StatefulSet", "learner")):
+            for spec in find(objs, kind, name)["spec"]["template"]["spec"]["containers"]:
+                refs = [r["secretRef"]["name"] for r in spec.get("envFrom", []) if "secretRef" in r]
+                assert any(r.startswith("mmrl-grpc-token") for r in refs), (overlay, name, spec["name"])
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
