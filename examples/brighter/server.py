@@ -1,10 +1,10 @@
 """A minimal complete MMRL environment: "which of two coloured squares is brighter?".
 
-Each episode asks `rounds` questions (option, default 4). Questions alternate between a text-only
-turn (the two brightnesses as numbers) and a turn of two 32x32 images (the left square, then the
-right one); the answer is `left` or `right`. A correct answer earns 1/rounds, a wrong one 0, and
-either moves on; any other text costs a move and asks again. The episode ends after the last
-question (solved when every answer was right) or when `max_moves` moves are spent (truncated).
+Each episode asks `rounds` questions (option, default 4), one per turn, alternating between a
+text-only turn (the two brightnesses as numbers) and a turn of two 32x32 images (the left square,
+then the right one). The answer is `left` or `right`: a correct one earns 1/rounds, a wrong or
+unreadable one (info.invalid) 0. The episode ends after the last question (solved when every answer
+was right), or truncated when `max_moves` (default: rounds) runs out first.
 
     python examples/brighter/server.py --port 50061
     mmrl env check 127.0.0.1:50061
@@ -67,7 +67,7 @@ def parse_spec(spec: pb.EpisodeSpec, where: str) -> tuple[int, int]:
         raise Refused(INVALID, f"{where}.max_moves: must be in [0, {MAX_MOVES}], got {spec.max_moves}")
     if spec.seed < 0:
         raise Refused(INVALID, f"{where}.seed: must be >= 0, got {spec.seed}")
-    return int(text), spec.max_moves or 2 * int(text)
+    return int(text), spec.max_moves or int(text)
 
 
 def questions(seed: int, rounds: int) -> list[tuple[tuple[int, ...], tuple[int, ...], str]]:
@@ -92,8 +92,7 @@ def png(rgb: tuple[int, ...]) -> bytes:
 class Episode:
     questions: list[tuple[tuple[int, ...], tuple[int, ...], str]]
     max_moves: int
-    index: int = 0  # the question being asked
-    moves: int = 0
+    index: int = 0  # the question being asked, also the moves made
     num_correct: int = 0
 
     @property
@@ -102,23 +101,21 @@ class Episode:
 
     @property
     def done(self) -> bool:
-        return self.terminated or self.moves >= self.max_moves
+        return self.terminated or self.index >= self.max_moves
 
     def step(self, text: str) -> tuple[float, str, bool]:
-        """Applies one action text: (reward, feedback, invalid)."""
-        self.moves += 1
+        """Answers the question with the last `left` or `right` of `text`: (reward, feedback, invalid)."""
         words = re.findall(r"\b(left|right)\b", text.lower())
-        if not words:
-            return 0.0, "Invalid action. ", True
-        correct = words[-1] == self.questions[self.index][2]
+        correct = bool(words) and words[-1] == self.questions[self.index][2]
         self.index += 1
         self.num_correct += correct
-        return (1.0 / len(self.questions) if correct else 0.0), ("Correct. " if correct else "Wrong. "), False
+        feedback = "Correct. " if correct else "Wrong. " if words else "Invalid action. "
+        return (1.0 / len(self.questions) if correct else 0.0), feedback, not words
 
     def fill(self, state: pb.EpisodeState, feedback: str = "") -> None:
         n = len(self.questions)
         state.done, state.truncated = self.done, self.done and not self.terminated
-        state.info.update({"solved": self.num_correct == n, "moves": self.moves,
+        state.info.update({"solved": self.num_correct == n, "moves": self.index,
                            "num_correct": self.num_correct})
         if state.done:
             state.observation.text = f"{feedback}Done: {self.num_correct} of {n} correct."
@@ -136,7 +133,7 @@ class Episode:
 
 
 def eval_specs() -> list[pb.EpisodeSpec]:
-    return [pb.EpisodeSpec(seed=EVAL_SEEDS + i, max_moves=8, options={"rounds": "4"})
+    return [pb.EpisodeSpec(seed=EVAL_SEEDS + i, max_moves=4, options={"rounds": "4"})
             for i in range(EVAL_SIZE)]
 
 
