@@ -34,6 +34,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("demo",): ("mmrl.cli.demo", "SFT warm start + GRPO run, with plots (the main job)"),
     ("report",): ("mmrl.cli.results", "write docs/results.md from a demo's summary.json and curve.json"),
     ("config",): ("mmrl.cli.config", "show, validate or document configs and settings"),
+    ("env", "check"): ("mmrl.cli.env_check", "check that an env server keeps the EnvService contract"),
     ("bench", "env"): ("services.env.bench", "benchmark the maze environment"),
     ("bench", "rollout"): ("services.rollout.bench", "benchmark vLLM generation and adapters"),
     ("bench", "learner"): ("services.learner.bench", "benchmark GRPO training steps"),
