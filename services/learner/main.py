@@ -36,6 +36,10 @@ def parser(settings: LearnerSettings) -> argparse.ArgumentParser:
         "--image-cache-mb", type=int, default=settings.image_cache_mb,
         help="memory for the frozen vision tower's outputs per frame (0: off)",
     )
+    parser.add_argument(
+        "--replicate-base", action=argparse.BooleanOptionalAction, default=settings.replicate_base,
+        help="keep the whole frozen base on every rank (shard only the adapter)",
+    )
     parser.add_argument("--log-level", default=settings.log_level)
     parser.add_argument("--nproc", type=int, default=1, help="ranks on this node (torchrun when > 1)")
     parser.add_argument("--nnodes", type=int, default=1, help="nodes (torchrun rendezvous when > 1)")
@@ -57,6 +61,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         f"--dtype={args.dtype}",
         f"--log-level={args.log_level}",
         f"--image-cache-mb={args.image_cache_mb}",
+        "--replicate-base" if args.replicate_base else "--no-replicate-base",
     ]
     if args.num_threads is not None:
         argv.append(f"--num-threads={args.num_threads}")
@@ -121,6 +126,7 @@ def main(argv: list[str]) -> int:
             "log_level": args.log_level,
             "num_threads": args.num_threads,
             "image_cache_mb": args.image_cache_mb,
+            "replicate_base": args.replicate_base,
         }
     )
     log = setup_logging("learner", settings.log_level)
