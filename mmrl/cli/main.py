@@ -22,6 +22,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "env"): ("services.env.bench", "benchmark the maze environment"),
     ("bench", "rollout"): ("services.rollout.bench", "benchmark vLLM generation and adapters"),
     ("bench", "learner"): ("services.learner.bench", "benchmark GRPO training steps"),
+    ("bench", "gpu"): ("services.learner.gpu_check", "check the learner on one GPU (scripts/gpu-check.sh)"),
     ("bench", "e2e"): ("mmrl.cli.bench_e2e", "benchmark whole GRPO steps through every service"),
 }
 

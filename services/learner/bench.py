@@ -134,8 +134,9 @@ async def drive(
     `launcher_pid` is the learner process."""
     from mmrl.v1 import learner_pb2, learner_pb2_grpc
     from services.common.grpc_server import channel
-    from services.learner.memory import learner_rank_pids, peak_rss_mb
+    from services.learner.memory import PhasePeaks
 
+    phases = PhasePeaks(launcher_pid)
     run_id = f"bench-{int(time.time())}"
     requests = [
         learner_pb2.TrainStepRequest(run_id=run_id, trajectories=[t.to_proto() for t in batch])
@@ -146,6 +147,7 @@ async def drive(
         await stub.ConfigureRun(
             learner_pb2.ConfigureRunRequest(run_id=run_id, config_json=json.dumps(config))
         )
+        phases.close("configure")
         first = await stub.TrainStep(requests[0])  # warm-up; its log-probs are those of the sampling policy
         times, server_times = [], []
         for request in requests[1:]:
@@ -153,11 +155,13 @@ async def drive(
             reply = await stub.TrainStep(request)
             times.append(time.perf_counter() - start)
             server_times.append(reply.metrics["train/step_s"])
+        phases.close("train")
         published = await stub.PublishAdapter(learner_pb2.PublishAdapterRequest(run_id=run_id))
         saved = await stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(run_id=run_id))
-    peaks = peak_rss_mb(learner_rank_pids(launcher_pid)) if launcher_pid is not None else []
+    phases.close("publish_checkpoint")
     return {
-        "peak_rss_mb_per_rank": peaks,
+        "peak_rss_mb_per_rank": phases.overall(),
+        "peak_rss_mb_per_rank_by_phase": phases.by_phase,
         "first": dict(first.metrics),
         "step_s": statistics.median(times),
         "server_step_s": statistics.median(server_times),
@@ -260,6 +264,7 @@ def main(argv: list[str]) -> int:
         "server_step_s": round(numbers["server_step_s"], 4),
         "ranks": args.nproc,
         "peak_rss_mb_per_rank": numbers["peak_rss_mb_per_rank"],
+        "peak_rss_mb_per_rank_by_phase": numbers["peak_rss_mb_per_rank_by_phase"],
         "serving_rss_mb_per_rank": baseline,
         "peak_over_serving_mb_per_rank": [
             round(peak - base, 1) for peak, base in zip(numbers["peak_rss_mb_per_rank"], baseline, strict=False)

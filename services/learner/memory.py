@@ -80,3 +80,32 @@ def peak_rss_mb(pids: list[int]) -> list[float]:
 def rss_mb(pids: list[int]) -> list[float]:
     """Each process's resident set size now (VmRSS), in MiB."""
     return [round(_status_kb(pid, "VmRSS") / 1024, 1) for pid in pids]
+
+
+def reset_peak(pids: list[int]) -> bool:
+    """Restarts each process's peak count from its current resident set (Linux: "5" to
+    /proc/PID/clear_refs); False where that is not allowed."""
+    try:
+        for pid in pids:
+            Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+class PhasePeaks:
+    """Each rank's peak resident memory per phase of a benchmark (the peak is reset between phases
+    where the kernel allows it; otherwise each phase reports the peak so far)."""
+
+    def __init__(self, launcher_pid: int | None) -> None:
+        self.pids = learner_rank_pids(launcher_pid) if launcher_pid is not None else []
+        self.by_phase: dict[str, list[float]] = {}
+        reset_peak(self.pids)
+
+    def close(self, phase: str) -> None:
+        self.by_phase[phase] = peak_rss_mb(self.pids)
+        reset_peak(self.pids)
+
+    def overall(self) -> list[float]:
+        peaks = list(self.by_phase.values())
+        return [max(values) for values in zip(*peaks, strict=True)] if peaks else []
