@@ -136,6 +136,10 @@ def main(argv: list[str]) -> int:
     from services.learner.engine import LearnerEngine
 
     ctx = init_distributed(settings.device)
+    if ctx.device.type == "cpu":  # host memory holds the weights: freed gathers go back to the system
+        from services.learner.memory import return_large_frees_to_the_system
+
+        return_large_frees_to_the_system()
     log.info(
         "starting learner rank",
         extra={
