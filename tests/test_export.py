@@ -122,11 +122,11 @@ def test_vllm_serves_the_merged_export_with_the_log_probs_of_the_adapter_on_the_
     from PIL import Image
 
     image = Image.open(io.BytesIO(maze_frame(7)))
-    prompt = tokenizer.apply_chat_template(
+    text = tokenizer.apply_chat_template(
         [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Moves left: 5."}]}],
-        add_generation_prompt=True, tokenize=True,
+        add_generation_prompt=True, tokenize=False,
     )
-    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    prompt = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     text_ids = sorted(set(range(len(tokenizer))) - set(tokenizer.all_special_ids))
     common = {"dtype": "float32", "max_model_len": 1024, "gpu_memory_utilization": 0.1,
               "limit_mm_per_prompt": {"image": 1}, "seed": 0, "enable_chunked_prefill": False}
