@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from services.common.messages import summary
+
 QWEN3_VL_VOCAB = 151_936
 # LearnerRunConfig's defaults (services/learner/config.py; a test keeps the two equal), usable where
 # pydantic is not installed.
@@ -268,7 +270,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="gpu-check", description=(__doc__ or "").split("\n")[0])
+    parser = argparse.ArgumentParser(prog="gpu-check", description=summary(__doc__))
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: only with --tiny, for tests")
     parser.add_argument("--tiny", action="store_true", help="a tiny model (the code path, not the figures)")
     parser.add_argument("--layers", type=int, default=10, help="decoder layers of the model (10: about 3.2e9 params)")
