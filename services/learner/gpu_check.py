@@ -1,5 +1,6 @@
-"""`python -m services.learner.gpu_check` (scripts/gpu-check.sh): one command that shows the learner
-works on a GPU, in minutes, with nothing downloaded. Prints one JSON object as its last line.
+"""`mmrl bench gpu` (scripts/gpu-check.sh, `python -m services.learner.gpu_check`): one command that
+shows the learner works on a GPU, in minutes, with nothing downloaded. Prints one JSON object as its
+last line.
 
 On a random-initialised Qwen3-VL-architecture model of a few billion parameters (Qwen3-VL-8B's text
 shape, hidden 4096 / intermediate 12288 / 32 query and 8 key-value heads of 128, its vocabulary
