@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import math
@@ -255,19 +256,33 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
                        "num_generated_tokens": sum(i.num_generated for i in items), "turns": args.turns}
     probe = collate(items[:8], spec.pad_token_id, spec.image_token_id)
     report["logprob_abs_diff_bf16_vs_fp32"] = logprob_precision_gap(base, probe, ctx.device)
-    report["learner"] = [train_phase(base, items, spec, ctx, args.steps, checkpointing=False)]
+    report["learner"] = [part(functools.partial(train_phase, base, items, spec, ctx, args.steps, False))]
     del base
     _free(ctx.device)
-    report["learner"].append(train_phase(random_base(config, ctx.device), items, spec, ctx, args.steps,
-                                         checkpointing=True))
+    report["learner"].append(part(lambda: train_phase(random_base(config, ctx.device), items, spec, ctx,
+                                                      args.steps, checkpointing=True)))
     _free(ctx.device)
     with tempfile.TemporaryDirectory(prefix="mmrl-gpu-check-") as tmp:
-        report["loader"] = loader_check(tokenizer, ctx, Path(tmp))
+        report["loader"] = part(lambda: loader_check(tokenizer, ctx, Path(tmp)))
     report["vllm"] = vllm_check()
-    report["ok"] = report["loader"]["ok"] and all(
-        phase["finite"] and phase["grad_norm"] > 0 and not phase["skipped_steps"] for phase in report["learner"]
+    report["ok"] = report["loader"].get("ok", False) and all(
+        phase.get("finite") and phase["grad_norm"] > 0 and not phase["skipped_steps"] for phase in report["learner"]
     )
     return report
+
+
+def part(run: Any) -> dict[str, Any]:
+    """One part's report, or the error that stopped it (the other parts still report)."""
+    try:
+        result: dict[str, Any] = run()
+    except CheckTimeout:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported in the JSON line
+        import traceback
+
+        traceback.print_exc()
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return result
 
 
 def main(argv: list[str]) -> int:
