@@ -24,6 +24,7 @@ from services.common.user_errors import CommandFailed, UsageError, one_line
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("init-model",): ("services.common.tiny_model", "build a random-initialised tiny Qwen3-VL model"),
     ("sft",): ("mmrl.cli.sft", "supervised warm start on BFS-optimal maze conversations"),
+    ("export",): ("mmrl.cli.export", "merge a trained adapter into its base as a standalone HF model"),
     ("serve", "env"): ("services.env.main", "serve the maze environment over gRPC"),
     ("serve", "rollout"): ("services.rollout.main", "serve vLLM generation over gRPC"),
     ("serve", "learner"): ("services.learner.main", "serve the GRPO learner over gRPC (torchrun)"),
@@ -38,6 +39,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "env"): ("services.env.bench", "benchmark the maze environment"),
     ("bench", "rollout"): ("services.rollout.bench", "benchmark vLLM generation and adapters"),
     ("bench", "learner"): ("services.learner.bench", "benchmark GRPO training steps"),
+    ("bench", "gpu"): ("services.learner.gpu_check", "check the learner on one GPU (scripts/gpu-check.sh)"),
     ("bench", "e2e"): ("mmrl.cli.bench_e2e", "benchmark whole GRPO steps through every service"),
     ("bench", "faults"): ("mmrl.cli.bench_faults", "kill each service mid-step; the run must recover by itself"),
 }

@@ -45,6 +45,15 @@ class RolloutConfig(BaseModel):
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     """Fraction of accelerator memory vLLM reserves; None: 0.1 on the CPU backend (there: fraction of host
     RAM), 0.45 on GPU (the colocated learner needs the rest while the engine is awake)."""
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    """GPUs one engine spans (vLLM tensor parallelism): each layer is split across them. 1 keeps a whole
+    model per GPU, the fastest choice whenever the model fits one with room for its KV cache (an 8B model in
+    bfloat16 takes 16 GB); 2, 4 or 8 for models that do not. The CPU backend needs 1."""
+    data_parallel_size: int = Field(default=1, ge=1, le=64)
+    """Engine replicas inside this service (vLLM data parallelism), each on tensor_parallel_size GPUs of its
+    own, requests spread across them: tensor_parallel_size x data_parallel_size GPUs in all, e.g. 1 x 2 puts
+    one engine on each of a node's 2 GPUs. Adapter loads, sleep and wake reach every replica. The CPU
+    backend needs 1."""
     max_num_seqs: int = Field(default=256, ge=1)
     """Most sequences the engine schedules at once (continuous batching width)."""
     max_num_batched_tokens: int | None = Field(default=None, ge=16)
@@ -107,6 +116,20 @@ class RolloutConfig(BaseModel):
                 and not self.chunked_prefill:
             raise ValueError("max_num_batched_tokens must be >= max_model_len without chunked_prefill")
         return self
+
+    def check_backend(self, on_cpu: bool) -> None:
+        """ValueError for settings the backend cannot run: vLLM's CPU backend runs one engine on the
+        host's cores, so parallel sizes above 1 are refused there rather than left to fail inside vLLM."""
+        if on_cpu and (self.tensor_parallel_size > 1 or self.data_parallel_size > 1):
+            raise ValueError(
+                f"tensor_parallel_size {self.tensor_parallel_size} and data_parallel_size {self.data_parallel_size}:"
+                " the CPU backend runs one engine on the host's cores; set both to 1 (parallel sizes are for GPUs)"
+            )
+
+    @property
+    def gpus_per_service(self) -> int:
+        """GPUs the engine(s) of one rollout service occupy."""
+        return self.tensor_parallel_size * self.data_parallel_size
 
     @property
     def batched_tokens(self) -> int:

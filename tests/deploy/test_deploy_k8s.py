@@ -424,3 +424,22 @@ def test_the_coordinator_mounts_run_defaults_equal_to_the_projects_run_config(ma
         expected = {**yaml.safe_load((REPO_ROOT / "configs" / config_file).read_text()), **overrides}
         assert run_defaults == expected, kustomization
         assert run_defaults["model"].startswith("/shared/models/")
+
+
+@pytest.mark.parametrize(("overlay", "gpus"), [("local", 0), ("hyperpod", GPUS_PER_NODE)])
+def test_each_overlay_gives_the_rollout_engine_a_parallel_layout_that_fits_its_nodes(
+    manifests: Manifests, overlay: str, gpus: int
+) -> None:
+    from services.rollout.config import RolloutConfig
+
+    objs = manifests[overlay]
+    learner = find(objs, "StatefulSet", "learner")
+    rollout = container(learner, "rollout")
+    env = {e["name"]: e.get("value") for e in rollout.get("env", [])}
+    mount = next(m for m in rollout["volumeMounts"] if m["name"] == "rollout-config")
+    assert env["MMRL_ROLLOUT_CONFIG_FILE"] == f"{mount['mountPath']}/rollout.yaml"
+    volume = next(v for v in pod_spec(learner)["volumes"] if v["name"] == "rollout-config")  # type: ignore[index]
+    (config_map,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == volume["configMap"]["name"]]
+    config = RolloutConfig.model_validate({"model": "m", **yaml.safe_load(config_map["data"]["rollout.yaml"])})
+    config.check_backend(on_cpu=gpus == 0)
+    assert config.gpus_per_service == max(gpus, 1)  # every GPU of the node serves rollouts
