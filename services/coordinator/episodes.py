@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.common import tracing
 from services.common.conversation import ChatTokens, TokenConversation, Tokenizer
 from services.coordinator.replicas import Services
 from services.coordinator.wire import EpisodeState, Prompt, SamplingParams, TaskSpec
@@ -35,7 +36,9 @@ class EpisodeResult:
     group_index: int
     conversation: TokenConversation
     actions: list[str] = field(default_factory=list)
+    # With keep_frames: every observation's images in order, and how many each observation had.
     frames: list[bytes] = field(default_factory=list)
+    frame_counts: list[int] = field(default_factory=list)
     # One reward per turn (the env's reward of that transition).
     rewards: list[float] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
@@ -145,6 +148,7 @@ async def play_episodes(
         conv = open_conversation(tokenizer, chat, system_prompt, state)
         results.append(EpisodeResult(spec=spec, group_index=index // samples_per_spec, conversation=conv,
                                      frames=list(conv.images) if keep_frames else [],
+                                     frame_counts=[len(conv.images)] if keep_frames else [],
                                      adapter_version=adapter_version, episode_id=state.episode_id,
                                      observation_keys=[observation_key(conv.images)],
                                      state_keys=[state.state_key]))
@@ -153,49 +157,51 @@ async def play_episodes(
         for turn in range(max_turns):
             if not active:
                 break
-            prompts = [
-                Prompt(
-                    token_ids=results[i].conversation.compact_ids,
-                    images=list(results[i].conversation.images),
-                    sampling=_sampling_params(greedy if i % samples_per_spec < greedy_per_spec else sampling,
-                                              seed * 1_000_003 + i * 1009 + turn, [chat.im_end]),
-                    adapter_run_id=run_id if adapter_version else "",
-                    adapter_version=adapter_version,
-                )
-                for i in active
-            ]
-            started = time.perf_counter()
-            generated = await services.rollouts.generate(prompts, [results[i].episode_id for i in active])
-            timers.add("rollout", started)
-            actions = []
-            for i, generation in zip(active, generated, strict=True):
-                assert generation.adapter_version == adapter_version, "rollout sampled with another adapter"
-                results[i].conversation.add_generation(
-                    generation.prompt_token_ids, generation.token_ids, generation.logprobs)
-                results[i].actions.append(generation.text)
-                results[i].prompt_tokens += len(generation.prompt_token_ids)
-                results[i].cached_prompt_tokens += generation.num_cached_tokens
-                actions.append((results[i].episode_id, generation.text))
-            started = time.perf_counter()
-            stepped = await services.env.step(actions)
-            timers.add("env", started)
-            still_active = []
-            for i, state in zip(active, stepped, strict=True):
-                episode = results[i]
-                episode.rewards.append(state.reward)
-                episode.info = state.info
-                episode.invalid_turns.append(bool(episode.info.get("invalid", False)))
-                if keep_frames:
-                    episode.frames += state.images
-                if state.done:
-                    episode.final_observation_key = observation_key(state.images)
-                    episode.terminated, episode.truncated = not state.truncated, state.truncated
-                    continue
-                episode.conversation.add_observation(tokenizer, state.text, state.images)
-                episode.observation_keys.append(observation_key(state.images))
-                episode.state_keys.append(state.state_key)
-                still_active.append(i)
-            active = still_active
+            with tracing.span("turn", turn=turn, episodes=len(active)):
+                prompts = [
+                    Prompt(
+                        token_ids=results[i].conversation.compact_ids,
+                        images=list(results[i].conversation.images),
+                        sampling=_sampling_params(greedy if i % samples_per_spec < greedy_per_spec else sampling,
+                                                  seed * 1_000_003 + i * 1009 + turn, [chat.im_end]),
+                        adapter_run_id=run_id if adapter_version else "",
+                        adapter_version=adapter_version,
+                    )
+                    for i in active
+                ]
+                started = time.perf_counter()
+                generated = await services.rollouts.generate(prompts, [results[i].episode_id for i in active])
+                timers.add("rollout", started)
+                actions = []
+                for i, generation in zip(active, generated, strict=True):
+                    assert generation.adapter_version == adapter_version, "rollout sampled with another adapter"
+                    results[i].conversation.add_generation(
+                        generation.prompt_token_ids, generation.token_ids, generation.logprobs)
+                    results[i].actions.append(generation.text)
+                    results[i].prompt_tokens += len(generation.prompt_token_ids)
+                    results[i].cached_prompt_tokens += generation.num_cached_tokens
+                    actions.append((results[i].episode_id, generation.text))
+                started = time.perf_counter()
+                stepped = await services.env.step(actions)
+                timers.add("env", started)
+                still_active = []
+                for i, state in zip(active, stepped, strict=True):
+                    episode = results[i]
+                    episode.rewards.append(state.reward)
+                    episode.info = state.info
+                    episode.invalid_turns.append(bool(episode.info.get("invalid", False)))
+                    if keep_frames:
+                        episode.frames += state.images
+                        episode.frame_counts.append(len(state.images))
+                    if state.done:
+                        episode.final_observation_key = observation_key(state.images)
+                        episode.terminated, episode.truncated = not state.truncated, state.truncated
+                        continue
+                    episode.conversation.add_observation(tokenizer, state.text, state.images)
+                    episode.observation_keys.append(observation_key(state.images))
+                    episode.state_keys.append(state.state_key)
+                    still_active.append(i)
+                active = still_active
     finally:
         ids = [r.episode_id for r in results]
         services.rollouts.forget(ids)

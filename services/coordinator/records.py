@@ -37,13 +37,21 @@ def action_logprobs(episode: EpisodeResult) -> list[list[float]]:
             for start, end in zip(bounds, bounds[1:], strict=False)]
 
 
+def frame_turns(episode: EpisodeResult) -> list[int]:
+    """For each kept frame, the observation it belongs to (turn t acted from observation t; the last
+    one is where the episode ended): an observation may have any number of images, zero included."""
+    return [t for t, count in enumerate(episode.frame_counts) for _ in range(count)]
+
+
 def write_frames(episode: EpisodeResult, frame_dir: Path, run_dir: Path) -> tuple[list[str], int]:
-    """Writes the episode's frames under `frame_dir`; returns their paths relative to `run_dir` and
-    the bytes written."""
+    """Writes the episode's frames under `frame_dir` (`turn_TTT.png`, or `turn_TTT_K.png` where an
+    observation has several images); returns their paths relative to `run_dir` and the bytes written."""
     frame_dir.mkdir(parents=True, exist_ok=True)
     paths, written = [], 0
-    for turn, data in enumerate(episode.frames):
-        path = frame_dir / f"turn_{turn:03d}.png"
+    turns = frame_turns(episode)
+    for index, (turn, data) in enumerate(zip(turns, episode.frames, strict=True)):
+        single = episode.frame_counts[turn] == 1
+        path = frame_dir / (f"turn_{turn:03d}.png" if single else f"turn_{turn:03d}_{index - turns.index(turn)}.png")
         path.write_bytes(data)
         paths.append(path.relative_to(run_dir).as_posix())
         written += len(data)
@@ -59,6 +67,7 @@ def episode_record(episode: EpisodeResult, *, step: int, kind: str, frames: list
         "moves": episode.info.get("moves"), "optimal_moves": episode.info.get("optimal_moves"),
         "actions": episode.actions, "adapter_version": episode.adapter_version,
         "num_tokens": len(episode.conversation.record_ids), "frames": frames or [],
+        "frame_turns": frame_turns(episode) if frames else [],
         "logprobs": action_logprobs(episode), "invalid_turns": list(episode.invalid_turns),
         "end": end_reason(episode),
     }

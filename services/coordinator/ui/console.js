@@ -207,12 +207,22 @@ async function episodesPage(runId, query) {
 }
 
 // Turn t (0-based) is what the agent saw and what it did; turn n (n = actions) is where it ended.
+// An observation may have any number of images: `frame_turns[i]` is the turn of frame i (older
+// records have none: one frame per turn).
+function framesOfTurn(episode, t) {
+  const turns = episode.frame_turns && episode.frame_turns.length ? episode.frame_turns : episode.frames.map((_, i) => i);
+  return turns.flatMap((turn, i) => (turn === t ? [i] : []));
+}
+
 function turnCard(runId, episode, t, onpick) {
-  const frame = h("img", { alt: `turn ${t + 1} frame`, class: "frame" });
-  if (t < episode.frames.length) {
-    api.frameUrl(`${runPath(runId)}/episodes/${encodeURIComponent(episode.id)}/frames/${t}`)
+  const frames = framesOfTurn(episode, t).map((i, k) => {
+    const frame = h("img", { alt: `turn ${t + 1} frame${k ? ` ${k + 1}` : ""}`, class: "frame" });
+    api.frameUrl(`${runPath(runId)}/episodes/${encodeURIComponent(episode.id)}/frames/${i}`)
       .then((url) => { frame.src = url; }).catch(showError);
-  }
+    return frame;
+  });
+  const frame = frames.length ? h("span", { class: "frames" }, ...frames)
+    : h("span", { class: "frames no-image" }, "(text only)");
   const last = t === episode.actions.length;
   const invalid = !last && (episode.invalid_turns || [])[t];
   return h("figure", { class: `turn${invalid ? " invalid" : ""}`, "data-turn": t, onclick: () => onpick(t) },
@@ -258,7 +268,8 @@ async function episodePage(runId, episodeId) {
   };
   for (let t = 0; t <= n; t++) cards.append(turnCard(runId, episode, t, show));
   cards.querySelectorAll("img").forEach((img) => img.addEventListener("load", () => {
-    if (+img.closest(".turn").dataset.turn === current) big.src = img.src;
+    const card = img.closest(".turn");
+    if (+card.dataset.turn === current && card.querySelector("img") === img) big.src = img.src;
   }, { signal: leave.signal }));
   document.addEventListener("keydown", (event) => {
     const moves = { ArrowRight: current + 1, ArrowLeft: current - 1, Home: 0, End: n };
