@@ -73,11 +73,13 @@ def test_runs_an_earlier_demo_left_active_are_stopped_before_a_new_one(monkeypat
     class Listing(ScriptedApi):
         def request(self, method: str, path: str, **kwargs: Any) -> Any:
             super().request(method, path)
-            return {"runs": runs} if path == "/v1/runs" else {}
+            state = kwargs.get("params", {}).get("state")  # the listing's filter
+            return {"runs": [r for r in runs if r["state"] == state]} if path == "/v1/runs" else {}
 
     api = Listing([])
     demo.stop_left_running(api)  # type: ignore[arg-type]
-    assert api.posted == ["GET /v1/runs", "POST /v1/runs/r-pending/stop", "POST /v1/runs/r-running/stop"]
+    assert api.posted == ["GET /v1/runs", "GET /v1/runs", "POST /v1/runs/r-pending/stop",
+                          "POST /v1/runs/r-running/stop"]
 
 
 def test_a_bad_run_config_is_refused_before_the_sft_runs(monkeypatch, tmp_path) -> None:
