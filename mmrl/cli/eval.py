@@ -58,11 +58,12 @@ async def evaluate(
     env_addr: str, rollout_addr: str, model: Path, *, size: str = "easy", seeds: Sequence[int] | None = None,
     maze: tuple[int, int] | None = None, adapter: tuple[str, int, str] | None = None, samples: int = 0,
     temperature: float = 1.0, max_tokens: int = 4, system_prompt: str = DEFAULT_SYSTEM_PROMPT,
-    keep_frames: bool = False,
+    keep_frames: bool = False, eval_set: str | None = None,
 ) -> tuple[dict[str, Any], list[Any]]:
     """Greedy (and optionally sampled) evaluation; `adapter` is (run_id, version, path) to load first.
-    `seeds` are played with the grid and move limit of the `size` preset, or with `maze` = (grid, max_moves)."""
-    name = PRESETS[size]
+    `seeds` are played with the grid and move limit of the `size` preset, or with `maze` = (grid, max_moves).
+    `eval_set` names the env's eval set to play instead of the `size` preset's ("" = the env's default)."""
+    name = PRESETS[size] if eval_set is None else eval_set
     grid, max_moves = maze or (RECIPES[name].size, RECIPES[name].max_moves)
     services = Services.connect([env_addr], [rollout_addr], "127.0.0.1:1", CallPolicy(timeout_s=600, retries=2))
     try:
