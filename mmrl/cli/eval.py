@@ -67,7 +67,8 @@ async def evaluate(
     `seeds` are played with the grid and move limit of the `size` preset, or with `maze` = (grid, max_moves).
     `eval_set` names the env's eval set to play instead of the `size` preset's ("" = the env's default)."""
     name = PRESETS[size] if eval_set is None else eval_set
-    grid, max_moves = maze or (RECIPES[name].size, RECIPES[name].max_moves)
+    preset = RECIPES[PRESETS[size]]  # the seeds' grid and budget, and the turn limit of specs without one
+    grid, max_moves = maze or (preset.size, preset.max_moves)
     services = Services.connect([env_addr], [rollout_addr], "127.0.0.1:1", CallPolicy(timeout_s=600, retries=2))
     try:
         if seeds is None:
