@@ -2,13 +2,15 @@
 # Installs the Debian packages MMRL needs on a developer machine or CI runner, when missing:
 # redis-server (run state for the coordinator), docker-compose (offline parse of the compose file)
 # where no kubectl is installed, Debian's kubernetes-client (kubectl kustomize for the static
-# checks of deploy/k8s), and chromium (the browser the console's test drives through playwright).
+# checks of deploy/k8s), chromium (the browser the console's test drives through playwright) and
+# prometheus (its promtool checks deploy/prometheus/prometheus.yml).
 set -euo pipefail
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 [ ${#missing[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"

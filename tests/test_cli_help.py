@@ -38,7 +38,7 @@ def test_the_version_is_the_installed_packages() -> None:
 def test_a_command_group_lists_its_commands_and_exits_0(group: str, capsys: pytest.CaptureFixture[str]) -> None:
     out = _help([group, "--help"], capsys)
     names = [words[1] for words in cli.COMMANDS if words[0] == group]
-    assert len(names) == 4 and all(f"{group} {name} " in out for name in names)
+    assert len(names) >= 4 and all(f"{group} {name} " in out for name in names)
     assert "mmrl run" not in out
 
 

@@ -24,6 +24,7 @@ from services.common.user_errors import CommandFailed, UsageError, one_line
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("init-model",): ("services.common.tiny_model", "build a random-initialised tiny Qwen3-VL model"),
     ("sft",): ("mmrl.cli.sft", "supervised warm start on BFS-optimal maze conversations"),
+    ("export",): ("mmrl.cli.export", "merge a trained adapter into its base as a standalone HF model"),
     ("serve", "env"): ("services.env.main", "serve an environment (maze, sokoban) over gRPC"),
     ("serve", "rollout"): ("services.rollout.main", "serve vLLM generation over gRPC"),
     ("serve", "learner"): ("services.learner.main", "serve the GRPO learner over gRPC (torchrun)"),
@@ -34,10 +35,13 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("demo",): ("mmrl.cli.demo", "SFT warm start + GRPO run, with plots (the main job)"),
     ("report",): ("mmrl.cli.results", "write docs/results.md from a demo's summary.json and curve.json"),
     ("config",): ("mmrl.cli.config", "show, validate or document configs and settings"),
+    ("env", "check"): ("mmrl.cli.env_check", "check that an env server keeps the EnvService contract"),
     ("bench", "env"): ("services.env.bench", "benchmark the maze environment"),
     ("bench", "rollout"): ("services.rollout.bench", "benchmark vLLM generation and adapters"),
     ("bench", "learner"): ("services.learner.bench", "benchmark GRPO training steps"),
+    ("bench", "gpu"): ("services.learner.gpu_check", "check the learner on one GPU (scripts/gpu-check.sh)"),
     ("bench", "e2e"): ("mmrl.cli.bench_e2e", "benchmark whole GRPO steps through every service"),
+    ("bench", "faults"): ("mmrl.cli.bench_faults", "kill each service mid-step; the run must recover by itself"),
 }
 HELP = ("-h", "--help", "help")
 

@@ -46,7 +46,9 @@ def stop_left_running(api: ApiClient) -> None:
     """Marks stopped the runs an earlier demo or benchmark left pending or running (a second Ctrl-C
     leaves at once): a coordinator started without resuming runs does not drive them, and the
     learner takes one run at a time."""
-    for run in api.request("GET", "/v1/runs")["runs"]:
+    left = [run for state in ("pending", "running")
+            for run in api.request("GET", "/v1/runs", params={"state": state, "limit": 1000})["runs"]]
+    for run in left:
         if run["state"] in ("pending", "running"):
             api.request("POST", f"/v1/runs/{run['id']}/stop")
             print(f"run {run['id']} was left {run['state']} at step {run['step']} by an earlier job: "
@@ -104,6 +106,22 @@ def watch_status(final: dict[str, Any]) -> int:
     return 0 if final["state"] in ("succeeded", "paused") else 1
 
 
+def plot_run(api: ApiClient, run_id: str, out: Path) -> Path:
+    """Writes the run's learning curve as `out` (PNG) and `out` with suffix .json; returns `out`."""
+    from mmrl.cli.report import learning_curve, plot_curve, write_json
+
+    run = api.run(run_id)
+    evals = api.request("GET", f"/v1/runs/{run_id}/evals")["evals"]
+    metrics = api.request("GET", f"/v1/runs/{run_id}/metrics")["metrics"]
+    if not evals and not metrics:
+        raise CommandFailed(f"run {run_id} has recorded no step or eval yet")
+    curve = learning_curve(evals, metrics)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plot_curve(curve, out, f"{run['name']} ({run_id}), step {run['step']}/{run['steps']}")
+    write_json(out.with_suffix(".json"), curve)
+    return out
+
+
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmrl run", description=summary(__doc__))
     api = argparse.ArgumentParser(add_help=False)  # the coordinator's address, before or after the action
@@ -124,6 +142,10 @@ def parser() -> argparse.ArgumentParser:
                          ("resume", "resume a paused run"), ("stop", "stop a run for good")):
         sub = actions.add_parser(action, parents=[api], help=what, description=what[0].upper() + what[1:] + ".")
         sub.add_argument("run_id", help="the run's id (`mmrl run list`)")
+    plot = actions.add_parser("plot", parents=[api], help="draw a run's learning curve (eval solve rates, reward)",
+                              description="Draw a run's learning curve (eval solve rates, training reward).")
+    plot.add_argument("run_id", help="the run's id (`mmrl run list`)")
+    plot.add_argument("--out", type=Path, help="PNG to write (default <run id>.png); its JSON goes beside it")
     list_actions_in_help(parser, actions)
     return parser
 
@@ -138,12 +160,20 @@ def main(argv: list[str]) -> int:
         if args.watch:
             return watch_status(watch(api, run["id"]))
     elif args.action == "list":
-        for run in api.request("GET", "/v1/runs")["runs"]:
-            print(f"{run['id']:<48} {run['state']:<10} step {run['step']}/{run['steps']}")
+        offset = 0
+        while True:
+            page = api.request("GET", "/v1/runs", params={"offset": offset, "limit": 1000})
+            for run in page["runs"]:
+                print(f"{run['id']:<48} {run['state']:<10} step {run['step']}/{run['steps']}")
+            offset += len(page["runs"])
+            if not page["runs"] or offset >= page["total"]:
+                break
     elif args.action == "status":
         print(json.dumps(api.run(args.run_id), indent=2))
     elif args.action == "watch":
         return watch_status(watch(api, args.run_id))
+    elif args.action == "plot":
+        print(plot_run(api, args.run_id, args.out or Path(f"{args.run_id}.png")))
     else:
         run = api.request("POST", f"/v1/runs/{args.run_id}/{args.action}")
         print(f"{run['id']}: {run['state']}{' (' + run['desired'] + ' requested)' if run.get('desired') else ''}")

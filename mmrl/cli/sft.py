@@ -1,6 +1,8 @@
 """`mmrl sft --config FILE`: supervised warm start on the oracle's conversations (the maze's BFS, or
 another env's, e.g. configs/sft-sokoban-tiny.yaml), then the greedy solve rate of the saved model on
-the env's fixed eval set (through the env and rollout services)."""
+the env's fixed eval set (through the env and rollout services).
+`mmrl sft export --config FILE --out FILE.jsonl`: the same conversations as a chat dataset (JSONL +
+PNG frames) that Hugging Face datasets and TRL's SFT trainer read (services/learner/sft_export.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 from mmrl.cli.options import add_overrides, overrides_from
 from mmrl.cli.stack import Stack, StackConfig
 from services.common.config_files import load_model_file
+from services.common.messages import summary
 
 
 def load_sft_config(path: Path, out: Path | None, base_model: Path | None,
@@ -77,7 +80,42 @@ def validation_check(stack: Stack, config: Any) -> Callable[[Path], dict[str, An
     return check
 
 
+def export_conversations(config: Any, out: Path, state_dir: Path, quiet: bool = False) -> dict[str, Any]:
+    """Plays the SFT's expert conversations on a locally started env service and writes them as JSONL."""
+    from services.learner.batch import ModelSpec
+    from services.learner.policy import load_processor
+    from services.learner.sft import expert_conversations, image_token_counter
+    from services.learner.sft_export import write_jsonl
+
+    processor = load_processor(Path(config.base_model))
+    from transformers import AutoConfig
+
+    spec = ModelSpec.from_config(AutoConfig.from_pretrained(config.base_model))
+    stack = Stack(StackConfig(model=Path(config.base_model).resolve(), state_dir=state_dir, env_name=config.env))
+    try:
+        stack.start(("env",), log=not quiet)
+        data = expert_conversations(stack.address("env"), config, processor.tokenizer,
+                                    image_token_counter(processor, spec))
+    finally:
+        stack.stop()
+    return write_jsonl(data, processor.tokenizer, out)
+
+
+def export_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="mmrl sft export", description=summary(__doc__))
+    parser.add_argument("--config", type=Path, required=True, help="SFT config YAML (its mazes and detours)")
+    parser.add_argument("--out", type=Path, required=True, help="JSONL file (frames go to images/ beside it)")
+    parser.add_argument("--base-model", type=Path, help="override the model whose tokenizer writes the text")
+    parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/sft-export"), help="logs of the env service")
+    args = parser.parse_args(argv)
+    config = load_sft_config(args.config, None, args.base_model)
+    print(json.dumps(export_conversations(config, args.out, args.state_dir)))
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["export"]:
+        return export_main(argv[1:])
     parser = argparse.ArgumentParser(prog="mmrl sft", description=__doc__)
     parser.add_argument("--config", type=Path, required=True, help="SFT config YAML (configs/sft-tiny.yaml)")
     parser.add_argument("--out", type=Path, help="override the output model directory")
@@ -89,8 +127,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     config = load_sft_config(args.config, args.out, args.base_model, overrides_from(args))
     report = run_sft(config, args.state_dir, evaluate_after=not args.no_eval)
-    summary = {"out": config.out, "sft_wall_s": report["sft_wall_s"], "updates": report["updates"],
-               "final_loss": report["final_loss"],
-               "solve_rate": report.get("eval", {}).get("greedy_solve_rate")}
-    print(json.dumps(summary) if args.json else f"saved {config.out}")
+    result = {"out": config.out, "sft_wall_s": report["sft_wall_s"], "updates": report["updates"],
+              "final_loss": report["final_loss"],
+              "solve_rate": report.get("eval", {}).get("greedy_solve_rate")}
+    print(json.dumps(result) if args.json else f"saved {config.out}")
     return 0

@@ -59,6 +59,8 @@ class Stack:
         self.config = config
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ports = {name: config.ports.get(name) or free_port() for name in SERVICES}
+        # Prometheus /metrics of the gRPC services (the coordinator serves it on its REST port).
+        self.metrics_ports = {name: free_port() for name in SERVICES if name != "coordinator"}
         self.redis_url = config.redis_url
 
     @property
@@ -69,12 +71,21 @@ class Stack:
         """A REST client of this stack's coordinator (with its token, if it has one)."""
         return ApiClient(self.api_url, self.config.api_token)
 
+    def metrics_url(self, service: str) -> str:
+        """Where `service`'s Prometheus text is served."""
+        if service == "coordinator":
+            return f"{self.api_url}/metrics"
+        return f"http://{self.config.host}:{self.metrics_ports[service]}/metrics"
+
     def address(self, service: str) -> str:
         return f"{self.config.host}:{self.ports[service]}"
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
+        models = {str(self.config.model.resolve()), str((self.config.learner_model or self.config.model).resolve())}
+        allowed = [a for a in os.environ.get("MMRL_ALLOWED_MODELS", "").split(",") if a.strip()]
         env.update({
+            "MMRL_ALLOWED_MODELS": ",".join([*allowed, *sorted(models)]),  # runs may name the stack's model
             "MMRL_SHARED_ROOT": str(self.config.shared_root.resolve()),
             "MMRL_REDIS_URL": self.redis_url,
             "MMRL_ENV_ADDR": self.address("env"),
@@ -83,6 +94,7 @@ class Stack:
             "MMRL_API_TOKEN": self.config.api_token,
             "MMRL_RESUME_RUNS": "true" if self.config.resume_runs else "false",
             "PYTHONUNBUFFERED": "1",
+            **{f"MMRL_{name.upper()}_METRICS_PORT": str(port) for name, port in self.metrics_ports.items()},
         })
         return env
 
@@ -132,7 +144,8 @@ class Stack:
             if port_open(parsed.hostname or "127.0.0.1", parsed.port or 6379):
                 return
             raise StackError(f"no Redis reachable at {self.redis_url}")
-        port = free_port()
+        port = self.ports.get("redis") or free_port()
+        self.ports["redis"] = port
         self.procs["redis"] = start_redis(port, data_dir=self.config.state_dir / "redis",
                                           log_path=logs / "redis.log")
         self.redis_url = f"redis://127.0.0.1:{port}/0"
@@ -169,10 +182,19 @@ class Stack:
         self.start((service,), log=False)
 
     def kill(self, service: str) -> None:
-        """SIGKILL, as a crash would (no graceful shutdown)."""
+        """SIGKILL of the service's whole process group, as a crash would (no graceful shutdown)."""
         proc = self.procs.pop(service)
         os.killpg(proc.pid, 9)
         proc.wait()
+
+    def start_again(self, service: str) -> None:
+        """Starts a killed service again on its address, as a supervisor would (Redis from its
+        append-only file), and waits until it is healthy."""
+        if service == "redis":
+            self.procs["redis"] = start_redis(self.ports["redis"], data_dir=self.config.state_dir / "redis",
+                                              log_path=self.config.state_dir / "logs" / "redis.log")
+            return
+        self.start((service,), log=False)
 
     def stop_service(self, service: str) -> None:
         proc = self.procs.pop(service, None)

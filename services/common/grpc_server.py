@@ -2,6 +2,10 @@
 
 Every server gets the standard `grpc.health.v1` health service and reflection, listens on the
 given address (port 0 picks a free port, for tests) and stops gracefully on SIGTERM/SIGINT.
+
+Keepalive: servers and channels ping an idle connection every KEEPALIVE_TIME_MS and drop it when no
+answer comes within KEEPALIVE_TIMEOUT_MS, so a call to a peer whose node vanished ends UNAVAILABLE
+within seconds instead of waiting out its deadline. Auth: see services/common/grpc_auth.py.
 """
 
 from __future__ import annotations
@@ -16,14 +20,30 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common import grpc_auth, tracing
+
 log = logging.getLogger("mmrl.grpc")
 
 # Generous message limits: a Generate or TrainStep call carries frames and token arrays of a
 # whole batch.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-CHANNEL_OPTIONS = [
+KEEPALIVE_TIME_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 5_000
+_MESSAGE_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+_KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),  # a training call may send no data for minutes
+]
+CHANNEL_OPTIONS = _MESSAGE_OPTIONS + _KEEPALIVE_OPTIONS
+SERVER_OPTIONS = _MESSAGE_OPTIONS + _KEEPALIVE_OPTIONS + [
+    # Accept the clients' pings (a server answers pings more often than this with GOAWAY).
+    ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
 ]
 
 
@@ -55,14 +75,17 @@ async def start_server(
     service_full_name: str,
     address: str,
     serving: bool = True,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> RunningServer:
     """Starts a grpc.aio server with health and reflection.
 
     `add_servicer` registers the service (e.g. `lambda s: add_EnvServiceServicer_to_server(x, s)`),
     `service_full_name` is e.g. "mmrl.v1.EnvService", `address` e.g. "127.0.0.1:0".
     Health starts as SERVING unless `serving` is False (services whose engine loads later).
+    `interceptors` run first (metrics, tracing), then the token check when MMRL_GRPC_TOKEN is set.
     """
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[
+        *interceptors, *tracing.server_interceptors(), *grpc_auth.server_interceptors()])
     add_servicer(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -101,8 +124,10 @@ async def wait_for_termination(running: RunningServer, on_stop: Sequence[Callabl
 
 
 def channel(target: str) -> grpc.aio.Channel:
-    """An insecure aio channel with the same message limits as the servers."""
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    """An insecure aio channel with the servers' message limits and keepalive (calls counted, traced
+    when tracing is on), sending the gRPC token when one is configured."""
+    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=[
+        *tracing.client_interceptors(), *grpc_auth.client_interceptors()])
 
 
 async def check_health(target: str, service: str = "", timeout_s: float = 2.0) -> bool:

@@ -24,14 +24,15 @@ def port_open(host: str, port: int, timeout_s: float = 0.2) -> bool:
 
 
 def start_redis(port: int, data_dir: Path | None = None, log_path: Path | None = None) -> subprocess.Popen[bytes]:
-    """Starts a real `redis-server` on 127.0.0.1:`port` (append-only persistence when `data_dir`)."""
+    """Starts a real `redis-server` on 127.0.0.1:`port` (append-only persistence when `data_dir`,
+    fsynced on every write: a step recorded before a crash is on disk after it)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not installed (Debian package redis-server; `make setup`)")
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
     if data_dir is not None:
         data_dir.mkdir(parents=True, exist_ok=True)
-        args += ["--dir", str(data_dir), "--appendonly", "yes"]
+        args += ["--dir", str(data_dir), "--appendonly", "yes", "--appendfsync", "always"]
     else:
         args += ["--appendonly", "no"]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - owned by the child

@@ -106,30 +106,31 @@ def check_text_shape(hidden_size: int, num_layers: int) -> None:
         raise ValueError(f"{num_layers} layers: at least 1 is needed")
 
 
-def build_tiny_model(out_dir: Path, seed: int = 0, hidden_size: int = 128, num_layers: int = 4) -> Path:
-    """Writes a random-initialised tiny Qwen3-VL (weights, tokenizer, processor) into `out_dir`."""
-    check_text_shape(hidden_size, num_layers)
-    import torch
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+def qwen3_vl_config(
+    tokenizer, hidden_size: int = 128, num_layers: int = 4, intermediate_size: int | None = None,
+    num_kv_heads: int | None = None, head_dim: int = HEAD_DIM, vocab_size: int | None = None,
+):  # -> Qwen3VLConfig
+    """The tiny model's configuration (text model sized by the arguments, the small vision tower),
+    with the special-token ids of `tokenizer`. Defaults: intermediate 2 x hidden, key-value heads
+    half the query heads, the tokenizer's vocabulary."""
+    from transformers import Qwen3VLConfig
 
-    out_dir = Path(out_dir)
-    tokenizer = build_tokenizer()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    num_heads = hidden_size // head_dim
+    spatial = 5 * head_dim // 32  # mrope sections (t, h, w) split head_dim / 2 rotary frequencies
     config = Qwen3VLConfig(
         text_config={
-            "vocab_size": len(tokenizer),
+            "vocab_size": vocab_size or len(tokenizer),
             "hidden_size": hidden_size,
-            "intermediate_size": hidden_size * 2,
+            "intermediate_size": intermediate_size or hidden_size * 2,
             "num_hidden_layers": num_layers,
-            "num_attention_heads": hidden_size // HEAD_DIM,
-            "num_key_value_heads": hidden_size // HEAD_DIM // 2,
-            "head_dim": HEAD_DIM,
+            "num_attention_heads": num_heads,
+            "num_key_value_heads": num_kv_heads or num_heads // 2,
+            "head_dim": head_dim,
             "max_position_embeddings": 4096,
-            # mrope sections (t, h, w) split head_dim / 2 rotary frequencies.
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                                "mrope_section": [6, 5, 5], "mrope_interleaved": True},
+                                "mrope_section": [head_dim // 2 - 2 * spatial, spatial, spatial],
+                                "mrope_interleaved": True},
             "pad_token_id": ids["<|endoftext|>"],
             "bos_token_id": None,
             "eos_token_id": ids["<|im_end|>"],
@@ -154,6 +155,21 @@ def build_tiny_model(out_dir: Path, seed: int = 0, hidden_size: int = 128, num_l
     )
     config.eos_token_id = ids["<|im_end|>"]
     config.pad_token_id = ids["<|endoftext|>"]
+    return config
+
+
+def build_tiny_model(out_dir: Path, seed: int = 0, hidden_size: int = 128, num_layers: int = 4) -> Path:
+    """Writes a random-initialised tiny Qwen3-VL (weights, tokenizer, processor) into `out_dir`."""
+    check_text_shape(hidden_size, num_layers)
+    import torch
+    from transformers import Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    out_dir = Path(out_dir)
+    tokenizer = build_tokenizer()
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    config = qwen3_vl_config(tokenizer, hidden_size, num_layers)
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(config).float()
     model.generation_config.eos_token_id = ids["<|im_end|>"]

@@ -7,8 +7,10 @@ length as `token_ids`. Images are the encoded frames in order of their placehold
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from mmrl.v1 import common_pb2
+if TYPE_CHECKING:  # protobuf is needed only at the wire (the learner's GPU check runs without it)
+    from mmrl.v1 import common_pb2
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class Trajectory:
         return sum(self.loss_mask)
 
     def to_proto(self) -> common_pb2.Trajectory:
+        from mmrl.v1 import common_pb2
+
         return common_pb2.Trajectory(
             trajectory_id=self.trajectory_id,
             token_ids=self.token_ids,

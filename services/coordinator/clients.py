@@ -4,6 +4,9 @@ returns the plain dataclasses of wire.py; the protobuf types stay in this module
 
 Every call has a deadline and bounded retries (UNAVAILABLE only, with backoff); a failure raises
 ServiceError naming the service and its address, so a run fails with a reason a user can act on.
+ServiceError.lost says whether the failure means the service went away or restarted (the run waits
+for it and redoes the step) rather than that the request was wrong. Channels carry keepalive and
+the gRPC token (services/common/grpc_server.py).
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ log = logging.getLogger("mmrl.coordinator.clients")
 T = TypeVar("T")
 
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
+# Codes that mean the peer went away (UNAVAILABLE: refused, or dropped by keepalive; DEADLINE_EXCEEDED:
+# it hung), or came back without the state the call refers to (env: an unknown episode; rollout: an
+# adapter it never loaded). A redo from the newest checkpoint recreates that state; a genuine bug
+# fails the run after CoordinatorSettings.run_restarts redos without progress.
+_LOST = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "NOT_SERVING"}
+_LOST_STATE = {("env", "NOT_FOUND"), ("rollout", "NOT_FOUND")}
 
 
 class ServiceError(Exception):
@@ -48,6 +57,11 @@ class ServiceError(Exception):
         self.service = service
         self.address = address
         self.code = code
+
+    @property
+    def lost(self) -> bool:
+        """The service went away or restarted (wait for it, redo the step), not a bad request."""
+        return self.code in _LOST or (self.service, self.code) in _LOST_STATE
 
 
 @dataclass
@@ -191,6 +205,11 @@ class RolloutClient(_Client):
             raise ServiceError(self.service, self.address, "LoadAdapter", "MISMATCH",
                                f"version {version} was published with manifest sha256 {manifest_sha256}, "
                                f"the replica loaded {reply.manifest_sha256}")
+
+    async def served_versions(self, run_id: str) -> set[int]:
+        """The run's adapter versions this replica holds (it may reload any of them from storage)."""
+        reply = await self.call("ListAdapters", self.stub.ListAdapters, rollout_pb2.ListAdaptersRequest())
+        return {int(a.version) for a in reply.adapters if a.run_id == run_id}
 
     async def sleep(self, level: int = 1) -> None:
         await self.call("Sleep", self.stub.Sleep, rollout_pb2.SleepRequest(level=level))

@@ -15,12 +15,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.config_files import apply_overrides, read_config_file
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT
+from services.common.tracing import TracingMode
 from services.common.training import LoraSettings, LossSettings, OptimSettings, TrainSettings
 from services.coordinator.advantages import Normalize
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # NaN/Infinity: a 422 naming the field
 
 
 class EnvSettings(_Strict):
@@ -159,6 +160,10 @@ class RunConfig(_Strict):
     colocated: bool = Field(
         False, description="Sleep the rollout engine during training (vLLM sleep mode; GPU only)."
     )
+    loggers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default=["tensorboard"],
+        description="Experiment trackers fed every step and eval (services/coordinator/trackers.py); "
+                    "tensorboard writes runs/<id>/tensorboard/ on shared storage.")
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
@@ -209,7 +214,28 @@ class CoordinatorSettings(BaseSettings):
         "Times a run resumes from its newest checkpoint after losing a service (UNAVAILABLE after the "
         "retries, or a learner that no longer holds the run: it was restarted), each time the coordinator "
         "drives it (after a coordinator restart or a resume the count starts again)."))
-    service_wait_s: float = Field(600.0, ge=0, description="How long a run waits for a lost service to come back.")
+    service_wait_s: float = Field(600.0, ge=0, description=(
+        "Outage window: how long a run waits (polling with backoff) for a lost service or Redis to come back "
+        "before it fails; the HyperPod overlay sets hours (node replacement plus model load)."))
+    # Faults, leases and admission (docs/coordinator.md "Faults and recovery", "Limits").
+    lease_ttl_s: float = Field(30.0, gt=0, description=(
+        "A run's lease expires this long after its coordinator last renewed it (every third of it); then "
+        "another coordinator on the same Redis adopts the run."))
+    instance_id: str = Field("", description=(
+        "This coordinator's lease owner id ('' = host name and API port: a coordinator restarted in place "
+        "takes its runs back at once)."))
+    max_request_bytes: int = Field(1_048_576, ge=1024, description=(
+        "Largest request body the API reads (413 above it, checked before reading)."))
+    allowed_models: str = Field("", description=(
+        "Comma-separated model directories (a run's model must resolve under one) or exact hub ids a run "
+        "may name, besides directories under shared_root; `mmrl up` adds its model directory."))
+    keep_adapters: int = Field(0, ge=0, description=(
+        "Adapter versions kept per run on shared storage, newest first, besides those a replica serves "
+        "(0 = keep all)."))
+    keep_checkpoints: int = Field(0, ge=0, description="Checkpoints kept per run, newest first (0 = keep all).")
+    allowed_endpoints: str = Field("", description=(
+        "Comma-separated host:port a run config's endpoints may name besides the configured env, rollout "
+        "and learner addresses (anything else is refused with 422)."))
     host: str = Field("0.0.0.0", validation_alias=AliasChoices("MMRL_COORDINATOR_HOST", "host"),
                       description="Address the REST API listens on.")
     port: int = Field(8000, ge=0, le=65535, validation_alias=AliasChoices("MMRL_COORDINATOR_PORT", "port"),
@@ -218,6 +244,8 @@ class CoordinatorSettings(BaseSettings):
         "INFO", validation_alias=AliasChoices("MMRL_COORDINATOR_LOG_LEVEL", "MMRL_LOG_LEVEL", "log_level"),
         description="Logging level (MMRL_COORDINATOR_LOG_LEVEL, else MMRL_LOG_LEVEL, which every service reads).",
     )
+    tracing: TracingMode = Field("off", description="OpenTelemetry tracing (MMRL_TRACING): off, otlp "
+                                 "(OTEL_EXPORTER_OTLP_* variables) or console; one trace per GRPO step.")
 
     def endpoints_for(self, config: RunConfig) -> Endpoints:
         return Endpoints(

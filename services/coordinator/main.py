@@ -7,6 +7,7 @@ override them. Stops gracefully on SIGTERM/SIGINT; runs left running resume on t
 from __future__ import annotations
 
 import argparse
+import socket
 
 from services.common.messages import summary
 from services.common.settings_cli import add_model_options, given_values, settings_from
@@ -25,10 +26,14 @@ def main(argv: list[str]) -> int:
 
     import uvicorn
 
+    from services.common import tracing
     from services.common.logging import setup_logging
     from services.coordinator.api.app import create_app
 
     setup_logging("coordinator", settings.log_level)
+    tracing.configure("coordinator", settings.tracing)
+    if not settings.instance_id:  # restarted on the same host and port: it takes its run leases back at once
+        settings.instance_id = f"{socket.gethostname()}:{settings.port}"
     app = create_app(settings)
     # uvicorn handles SIGTERM/SIGINT gracefully; run loops are cancelled and resume on restart.
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)

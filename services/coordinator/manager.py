@@ -1,8 +1,11 @@
 """Background execution of runs: one asyncio task per active run, state transitions, failure
-reasons, and resuming runs that a previous coordinator left running.
+reasons, and adopting runs that another coordinator left running.
 
 A learner holds one run at a time (ConfigureRun binds it), so at most one active run per learner
-address: a run is launched only after it has claimed its learner, and the claim ends with its task."""
+address: a run is launched only after it has claimed its learner, and the claim ends with its task.
+A run is driven only under its lease (lease.py): `maintain` renews the leases of the runs driven
+here, stops driving a run whose lease another coordinator took, and adopts runs left running whose
+lease has expired (a coordinator that died)."""
 
 from __future__ import annotations
 
@@ -16,13 +19,19 @@ from typing import Any
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
+from services.common import tracing
 from services.common.conversation import ChatTokens
 from services.common.waiting import poll_until
+from services.coordinator.admission import check_run_config
 from services.coordinator.clients import CallPolicy, ServiceError
 from services.coordinator.config import CoordinatorSettings, RunConfig
+from services.coordinator.lease import Leases, default_owner
+from services.coordinator.recovery import REDIS_OUTAGE, RedisUnavailable, drive
 from services.coordinator.replicas import Services
+from services.coordinator.retention import prune
 from services.coordinator.runloop import ConfigRefused, RunContext, execute_run
 from services.coordinator.store import TERMINAL, RunState, RunStore, new_run_id, state_change
+from services.coordinator.trackers import RecordingStore
 
 log = logging.getLogger("mmrl.coordinator.manager")
 
@@ -36,20 +45,6 @@ def load_tokenizer(model: str) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model)
-
-
-async def _service_lost(exc: ServiceError, services: Services, run_id: str) -> bool:
-    """True when the failed call means a service went away or restarted, not that the run is wrong:
-    still UNAVAILABLE after the retries, or a learner that no longer holds the run."""
-    if exc.code == "UNAVAILABLE":
-        return True
-    if exc.service != "learner" or exc.code != "FAILED_PRECONDITION":
-        return False
-    try:
-        await services.learner.state(run_id)
-    except ServiceError as probe:
-        return probe.code in ("FAILED_PRECONDITION", "UNAVAILABLE")  # not configured for this run
-    return False
 
 
 LEFT_RUNNING = (RunState.PENDING, RunState.RUNNING)  # what a coordinator that went away leaves to the next
@@ -71,6 +66,8 @@ class RunManager:
         self.settings = settings
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.learners: dict[str, str] = {}  # run id -> learner address, while the run holds it
+        self.services: dict[str, Services] = {}  # run id -> its clients, while a task here drives it
+        self.leases = Leases(store.r, settings.instance_id or default_owner(), settings.lease_ttl_s)
 
     def is_active(self, run_id: str) -> bool:
         task = self.tasks.get(run_id)
@@ -107,48 +104,49 @@ class RunManager:
 
     async def _drive(self, run_id: str) -> None:
         services: Services | None = None
+        recording: RecordingStore | None = None
         try:
+            if not await self.leases.acquire(run_id):
+                log.info("another coordinator drives the run", extra={"run_id": run_id})
+                return
             run = await self.store.get_run(run_id)
             config = RunConfig.model_validate(run["config"])
             endpoints = self.settings.endpoints_for(config)
             policy = CallPolicy(timeout_s=self.settings.rpc_timeout_s, retries=self.settings.rpc_retries)
             services = Services.connect(endpoints.env, endpoints.rollout, endpoints.learner, policy)
+            self.services[run_id] = services
             # Before the tokenizer load, so a down service is named first. A new run fails at once; one
-            # that has started before (resumed by a restarted coordinator) waits for its services.
+            # that has started before (resumed or adopted) waits for its services.
             if run["checkpoint_step"] < 0:
                 await services.require_healthy()
             else:
                 await services.wait_healthy(self.settings.service_wait_s)
             tokenizer = await asyncio.to_thread(load_tokenizer, config.model)
-            ctx = RunContext(run_id=run_id, config=config, services=services, store=self.store,
+            recording = await RecordingStore.open(self.store, run_id, config.loggers, run["config"],
+                                                  self.settings.shared_root)
+            ctx = RunContext(run_id=run_id, config=config, services=services, store=recording,
                              shared_root=self.settings.shared_root, tokenizer=tokenizer,
                              chat=ChatTokens.from_tokenizer(tokenizer))
-            restarts = 0
-            while True:
-                try:
-                    state = await execute_run(ctx)
-                    break
-                except ServiceError as exc:
-                    if restarts >= self.settings.run_restarts or not await _service_lost(exc, services, run_id):
-                        raise
-                    restarts += 1
-                    log.warning("a service was lost; the run resumes from its newest checkpoint",
-                                extra={"run_id": run_id, "restart": restarts, "error": str(exc)})
-                    await self.store.add_event(run_id, "restart", {"restart": restarts, "reason": str(exc)})
-                    await services.wait_healthy(self.settings.service_wait_s)
+            state = await drive(run_id, lambda: execute_run(ctx), services, self.store, self.settings)
             log.info("run ended", extra={"run_id": run_id, "state": state.value})
         except asyncio.CancelledError:
-            log.info("run interrupted; it resumes when a coordinator starts again", extra={"run_id": run_id})
+            log.info("run interrupted; it resumes when a coordinator takes it again", extra={"run_id": run_id})
             raise
-        except (ServiceError, ConfigRefused) as exc:
+        except (ServiceError, ConfigRefused, RedisUnavailable, *REDIS_OUTAGE) as exc:
             await self._fail(run_id, str(exc))
         except Exception as exc:  # noqa: BLE001 - any crash of the loop fails the run with its reason
             log.exception("run failed", extra={"run_id": run_id})
             await self._fail(run_id, f"{type(exc).__name__}: {exc}")
         finally:
+            tracing.end_step()
+            if recording is not None:
+                await recording.close_trackers()
             self.learners.pop(run_id, None)
+            self.services.pop(run_id, None)
             if services is not None:
                 await services.close()
+            with contextlib.suppress(RedisError, asyncio.CancelledError):
+                await self.leases.release(run_id)
 
     async def _fail(self, run_id: str, reason: str) -> None:
         """Records the failure, retrying while Redis does not answer (for up to service_wait_s): a run
@@ -173,6 +171,7 @@ class RunManager:
                      claim: str = "") -> dict[str, Any]:
         """Records a new run and launches it; TransitionError when its learner is busy. A run an event
         starts carries the event (`trigger`) and its dedupe key (`claim`: AlreadyClaimed when taken)."""
+        check_run_config(config, self.settings)  # NotAllowed (422) before anything is recorded
         run_id = new_run_id(config.name)
         with self._claimed(run_id, config):
             run = await self.store.create_run(run_id, config.name, config.model_dump(mode="json"), config.steps,
@@ -180,16 +179,24 @@ class RunManager:
         self.launch(run_id)
         return run
 
-    def _orphaned(self, run: dict[str, Any]) -> bool:
-        """A run Redis holds as pending or running that no task here drives: its task ended while
-        Redis did not answer, or a coordinator started with resume_runs off found it."""
-        return run["state"] in LEFT_RUNNING and not self.is_active(run["id"]) and run["id"] not in self.learners
+    def _orphaned(self, run: dict[str, Any], leased: bool) -> bool:
+        """A run Redis holds as pending or running that no coordinator drives (`leased`: another
+        coordinator holds its lease): its task ended while Redis did not answer, or a coordinator
+        started with resume_runs off found it."""
+        return (run["state"] in LEFT_RUNNING and not leased and not self.is_active(run["id"])
+                and run["id"] not in self.learners)
+
+    async def _leased_elsewhere(self, run_id: str) -> bool:
+        holder = await self.leases.holder(run_id)
+        return bool(holder) and holder != self.leases.owner
 
     # Each action decides on the run as Redis holds it at the moment of its write (change_run), so
     # a request cannot be lost to the run loop ending a step, or to another request, in between.
     async def pause(self, run_id: str) -> None:
+        leased = await self._leased_elsewhere(run_id)
+
         def request_pause(run: dict[str, Any]) -> dict[str, Any]:
-            if self._orphaned(run):  # no run loop would act on a request: paused at once
+            if self._orphaned(run, leased):  # no run loop would act on a request: paused at once
                 return {**state_change(RunState.PAUSED), "desired": ""}
             if run["state"] != RunState.RUNNING:
                 raise TransitionError(f"cannot pause a run that is {run['state']}")
@@ -200,16 +207,21 @@ class RunManager:
         await self.store.change_run(run_id, request_pause)
 
     async def resume(self, run_id: str) -> None:
+        """Resumes a paused or failed run (or one left running that nothing drives) from its newest
+        complete checkpoint; a failed run's reason stays in its event history."""
+        leased = await self._leased_elsewhere(run_id)
+
         def withdraw_pause(run: dict[str, Any]) -> dict[str, Any]:
-            if run["state"] == RunState.RUNNING and run["desired"] == "pause" and not self._orphaned(run):
+            if run["state"] == RunState.RUNNING and run["desired"] == "pause" and not self._orphaned(run, leased):
                 return {"desired": ""}
             return {}
 
         if await self.store.change_run(run_id, withdraw_pause):
             return
         run = await self.store.get_run(run_id)
-        orphaned = self._orphaned(run)
-        if not orphaned and (run["state"] != RunState.PAUSED or self.is_active(run_id)):
+        orphaned = self._orphaned(run, leased)
+        resumable = (RunState.PAUSED, RunState.FAILED)
+        if not orphaned and (run["state"] not in resumable or self.is_active(run_id) or leased):
             raise TransitionError(f"cannot resume a run that is {run['state']}")
         try:
             config = RunConfig.model_validate(run["config"])
@@ -219,47 +231,99 @@ class RunManager:
         def relaunch(run: dict[str, Any]) -> dict[str, Any]:
             if orphaned:  # driven again from its newest checkpoint, as a restarted coordinator would
                 return {**_require_left_running(run), "desired": ""}
-            if run["state"] != RunState.PAUSED:  # stopped meanwhile
+            if run["state"] not in resumable:  # stopped meanwhile
                 raise TransitionError(f"cannot resume a run that is {run['state']}")
             return {**state_change(RunState.PENDING), "desired": ""}
 
         with self._claimed(run_id, config):
             await self.store.change_run(run_id, relaunch)
+        if run["state"] == RunState.FAILED:
+            await self.store.add_event(run_id, "resume", {"from": "failed", "failure_reason": run["failure_reason"],
+                                                          "checkpoint_step": run["checkpoint_step"]})
         self.launch(run_id)
 
     async def stop(self, run_id: str) -> None:
+        leased = await self._leased_elsewhere(run_id)
+
         def request_stop(run: dict[str, Any]) -> dict[str, Any]:
             if run["state"] in TERMINAL:
                 raise TransitionError(f"cannot stop a run that is {run['state']}")
-            if run["state"] != RunState.PAUSED and (self.is_active(run_id) or run_id in self.learners):
+            if run["state"] != RunState.PAUSED and (self.is_active(run_id) or run_id in self.learners or leased):
                 return {"desired": "stop"}  # running, or launched: the run loop stops at its next step boundary
             return state_change(RunState.STOPPED)  # no loop will act on it: paused, or pending and not launched
 
         await self.store.change_run(run_id, request_stop)
 
     async def resume_left_running(self) -> list[str]:
-        """Relaunches runs a previous coordinator left pending or running, newest first; one whose
-        learner another of them holds is paused instead (resume it when that run has ended)."""
+        """Relaunches runs left pending or running whose lease is free (their coordinator died or
+        stopped), newest first; one whose learner another of them holds is paused instead (resume
+        it when that run has ended)."""
         resumed = []
         for run in reversed(await self.store.list_runs()):
-            if run["state"] not in LEFT_RUNNING or self.is_active(run["id"]):
+            if run["state"] not in LEFT_RUNNING or self.is_active(run["id"]) or run["id"] in self.learners:
                 continue
+            if not await self.leases.acquire(run["id"]):
+                continue  # another coordinator drives it
             try:
                 self.claim_learner(run["id"], RunConfig.model_validate(run["config"]))
             except (TransitionError, ValidationError) as exc:
                 await self.store.change_run(run["id"], partial(_pause_if_left_running, reason=f"not resumed: {exc}"))
+                await self.leases.release(run["id"])
                 log.warning("run left paused", extra={"run_id": run["id"], "reason": str(exc)})
                 continue
             try:  # the listing may be stale: a stop may have come since
                 await self.store.change_run(run["id"], _require_left_running)
             except TransitionError:
                 self.learners.pop(run["id"], None)
+                await self.leases.release(run["id"])
                 continue
             self.launch(run["id"])
             resumed.append(run["id"])
         if resumed:
             log.info("resuming runs", extra={"run_ids": resumed})
         return resumed
+
+    async def renew_leases(self) -> None:
+        """Renews the lease of every run driven here; a run whose lease another coordinator holds
+        (this one was cut off from Redis past the lease) is no longer driven here."""
+        for run_id, task in list(self.tasks.items()):
+            if task.done():
+                continue
+            if not await self.leases.renew(run_id):
+                log.warning("lease taken by another coordinator: no longer driving the run",
+                            extra={"run_id": run_id, "holder": await self.leases.holder(run_id)})
+                task.cancel()
+
+    async def prune_storage(self) -> None:
+        """Applies the retention (retention.py) to every run driven here; a replica that does not
+        answer ListAdapters defers it (a version it serves must not go)."""
+        if not (self.settings.keep_adapters or self.settings.keep_checkpoints):
+            return
+        for run_id, services in list(self.services.items()):
+            try:
+                served = await services.rollouts.served_versions(run_id)
+            except ServiceError:
+                continue
+            current = (await self.store.get_run(run_id))["adapter_version"]
+            await asyncio.to_thread(prune, self.settings.shared_root, run_id, keep_adapters=self.settings.keep_adapters,
+                                    keep_checkpoints=self.settings.keep_checkpoints, served_versions=served,
+                                    current_version=current)
+
+    async def maintain(self) -> None:
+        """Forever: renew leases every third of their time to live, with resume_runs adopt runs left
+        running whose lease is free, and prune old adapters and checkpoints. Redis outages are
+        waited out."""
+        while True:
+            try:
+                await self.renew_leases()
+                if self.settings.resume_runs:
+                    await self.resume_left_running()
+                await self.prune_storage()
+            except RedisError as exc:
+                log.warning("Redis did not answer; leases and adoption wait for it", extra={"error": str(exc)})
+            except OSError as exc:
+                log.warning("pruning shared storage failed", extra={"error": str(exc)})
+            await asyncio.sleep(self.settings.lease_ttl_s / 3)
 
     async def shutdown(self) -> None:
         for task in self.tasks.values():

@@ -121,6 +121,10 @@ class Rollouts:
     async def load_adapter(self, run_id: str, version: int, path: str, manifest_sha256: str = "") -> None:
         await asyncio.gather(*(c.load_adapter(run_id, version, path, manifest_sha256) for c in self.clients))
 
+    async def served_versions(self, run_id: str) -> set[int]:
+        """The run's adapter versions any replica holds."""
+        return set().union(*await asyncio.gather(*(c.served_versions(run_id) for c in self.clients)))
+
     async def sleep(self, level: int = 1) -> None:
         await asyncio.gather(*(c.sleep(level) for c in self.clients))
 
@@ -162,13 +166,14 @@ class Services:
             raise ServiceError(client.service, client.address, "Health.Check", "NOT_SERVING",
                                "the service is down or not ready")
 
-    async def wait_healthy(self, timeout_s: float, poll_s: float = 2.0) -> None:
-        """Waits until every service is SERVING; raises require_healthy's ServiceError after `timeout_s`."""
+    async def wait_healthy(self, timeout_s: float, poll_s: float = 1.0, max_poll_s: float = 15.0) -> None:
+        """Waits until every service is SERVING, polling with backoff (from `poll_s` up to
+        `max_poll_s`); raises require_healthy's ServiceError after `timeout_s`."""
 
         async def all_healthy() -> bool:
             return await self.first_unhealthy() is None
 
-        if not await poll_until(all_healthy, timeout_s, poll_s):
+        if not await poll_until(all_healthy, timeout_s, poll_s, max_poll_s):
             await self.require_healthy()
 
     async def close(self) -> None:

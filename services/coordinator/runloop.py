@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from services.common import tracing
 from services.common.conversation import ChatTokens, Tokenizer
 from services.common.trajectory import Trajectory
 from services.coordinator.advantages import is_informative
@@ -97,6 +98,7 @@ async def execute_run(ctx: RunContext) -> RunState:
             if served is not None:
                 return served
             step_started = time.perf_counter()
+            tracing.begin_step(ctx.run_id, step)  # one trace per step (services/common/tracing.py)
 
             # 1-3. B tasks (seeds from run seed + step), G episodes each, played turn by turn.
             if pending is not None:
@@ -255,6 +257,7 @@ class SampledStep:
         return len(self.dropped)
 
 
+@tracing.traced("sample")
 async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling: Sampling) -> SampledStep:
     """Plays the B groups of one step with one adapter version. With dynamic sampling, each round
     plays the mazes still needed plus `extra_mazes`; groups whose rewards are all equal are
@@ -298,6 +301,7 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
                        num_played=num_played, timers=timers)
 
 
+@tracing.traced("sync")
 async def publish_and_load(ctx: RunContext, timers: Timers) -> int:
     """Learner publishes version N; every rollout replica loads and confirms it."""
     started = time.perf_counter()
@@ -309,6 +313,7 @@ async def publish_and_load(ctx: RunContext, timers: Timers) -> int:
     return published.version
 
 
+@tracing.traced("eval")
 async def evaluate(ctx: RunContext, plan: EvalPlan, *, step: int, adapter_version: int, timers: Timers) -> None:
     started = time.perf_counter()
     keep = ctx.config.eval.save_frames
@@ -322,6 +327,7 @@ async def evaluate(ctx: RunContext, plan: EvalPlan, *, step: int, adapter_versio
     log.info("eval", extra={"run_id": ctx.run_id, **summary})
 
 
+@tracing.traced("checkpoint")
 async def save_checkpoint(ctx: RunContext, step: int) -> int:
     """The learner's checkpoint of GRPO step `step` (its current state), recorded with the run."""
     await ctx.services.learner.save_checkpoint(ctx.run_id)

@@ -10,7 +10,13 @@ Keys (prefix `mmrl:`):
     run:<id>:evals            hash step -> JSON eval summary
     run:<id>:episodes         hash episode_id -> JSON record (frames stay on shared storage)
     run:<id>:events           stream of events (served as SSE)
+    run:<id>:announced        hash metrics|evals -> highest step whose event is in the stream: a step
+                              replayed after a restart is recorded again but announced once
+    run:<id>:lease            id of the coordinator driving the run; expires unless renewed (lease.py)
     trigger:claim:<sha256>    run id an event (object + version) started; written with the run
+
+The client reconnects and retries a command on a dropped connection (a Redis restart, stale pooled
+connections) with exponential backoff for about REDIS_RETRY_S seconds before raising.
 """
 
 from __future__ import annotations
@@ -23,9 +29,14 @@ from enum import StrEnum
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 PREFIX = "mmrl:"
 EVENTS_MAXLEN = 10_000
+REDIS_RETRIES = 8  # 0.1 + 0.2 + ... capped at 2 s: about 10 s of reconnecting before a command fails
 
 
 class RunState(StrEnum):
@@ -67,12 +78,15 @@ class RunStore:
 
     @classmethod
     def from_url(cls, url: str) -> RunStore:
-        return cls(aioredis.from_url(url, decode_responses=True))
+        retry = Retry(ExponentialBackoff(cap=2.0, base=0.1), REDIS_RETRIES,
+                      supported_errors=(RedisConnectionError, RedisTimeoutError))
+        return cls(aioredis.from_url(url, decode_responses=True, retry=retry, health_check_interval=15,
+                                     socket_connect_timeout=5, socket_keepalive=True))
 
     async def ping(self) -> bool:
         try:
             return bool(await self.r.ping())
-        except (aioredis.ConnectionError, OSError):
+        except (aioredis.ConnectionError, RedisTimeoutError, OSError):
             return False
 
     async def close(self) -> None:
@@ -126,8 +140,13 @@ class RunStore:
             raise RunNotFound(run_id)
         return _decode_run(raw)
 
-    async def list_runs(self) -> list[dict[str, Any]]:
-        ids = await self.r.zrange(f"{PREFIX}runs", 0, -1)
+    async def count_runs(self) -> int:
+        return int(await self.r.zcard(f"{PREFIX}runs"))
+
+    async def list_runs(self, offset: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        """Runs oldest first; `offset`/`limit` page through them."""
+        end = -1 if limit is None else offset + limit - 1
+        ids = await self.r.zrange(f"{PREFIX}runs", offset, end) if limit != 0 else []
         runs = []
         for run_id in ids:
             try:
@@ -175,19 +194,23 @@ class RunStore:
     # per-step records ---------------------------------------------------------------------------
     async def commit_step(self, run_id: str, step: int, metrics: dict[str, Any],
                           episodes: dict[str, dict[str, Any]]) -> None:
-        """Records step `step` (1-based) atomically: its metrics, episodes and the step counter."""
-        await self._record(run_id, "metrics", step, metrics, episodes, advance_step=True)
-        await self.add_event(run_id, "step", metrics)
+        """Records step `step` (1-based) atomically: its metrics, episodes, the step counter and,
+        unless a first run of the step announced it already, its event."""
+        await self._record(run_id, "metrics", step, metrics, episodes, advance_step=True, event="step")
 
     async def record_eval(self, run_id: str, step: int, summary: dict[str, Any],
                           episodes: dict[str, dict[str, Any]]) -> None:
-        """Records the eval after step `step` atomically with its episodes."""
-        await self._record(run_id, "evals", step, summary, episodes, advance_step=False)
-        await self.add_event(run_id, "eval", summary)
+        """Records the eval after step `step` atomically with its episodes (and its event, once)."""
+        await self._record(run_id, "evals", step, summary, episodes, advance_step=False, event="eval")
 
     async def _record(self, run_id: str, suffix: str, step: int, record: dict[str, Any],
-                      episodes: dict[str, dict[str, Any]], advance_step: bool) -> None:
+                      episodes: dict[str, dict[str, Any]], advance_step: bool, event: str) -> None:
+        # One coordinator drives a run (its lease), so nothing else moves the mark in between.
+        announced = await self.r.hget(self._key(run_id, "announced"), suffix)
         async with self.r.pipeline(transaction=True) as pipe:
+            if announced is None or int(announced) < step:
+                pipe.xadd(*self._event(run_id, event, record), maxlen=EVENTS_MAXLEN, approximate=True)
+                pipe.hset(self._key(run_id, "announced"), suffix, step)
             pipe.hset(self._key(run_id, suffix), str(step), json.dumps(record))
             if episodes:
                 pipe.hset(self._key(run_id, "episodes"), mapping={k: json.dumps(v) for k, v in episodes.items()})

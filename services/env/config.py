@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.config_files import read_config_file
 from services.common.maze import MIN_SIZE
+from services.common.tracing import TracingMode
 from services.env.render import frame_side
 
 
@@ -96,6 +97,12 @@ class ServerSettings(BaseSettings):
     """Logging level (MMRL_ENV_LOG_LEVEL, else MMRL_LOG_LEVEL, which every service reads)."""
     config_file: Path | None = None
     """YAML or TOML file with EnvConfig fields (MMRL_ENV_CONFIG_FILE); unset: defaults."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the Prometheus /metrics HTTP endpoint (MMRL_ENV_METRICS_PORT); 0: not served."""
+    tracing: TracingMode = Field(
+        default="off", validation_alias=AliasChoices("MMRL_ENV_TRACING", "MMRL_TRACING", "tracing"))
+    """OpenTelemetry tracing: off, otlp (OTEL_EXPORTER_OTLP_* variables) or console (MMRL_ENV_TRACING,
+    else MMRL_TRACING)."""
 
 
 def load_config(path: Path | None) -> EnvConfig:

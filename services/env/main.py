@@ -16,6 +16,7 @@ from services.common.config_files import load_model_file
 from services.common.grpc_server import start_server, wait_for_termination
 from services.common.logging import setup_logging
 from services.common.messages import summary
+from services.common.metrics import start_observability
 from services.common.settings_cli import add_model_options, given_values, settings_from
 from services.env.batched import Environment
 from services.env.config import EnvConfig, ServerSettings
@@ -52,6 +53,7 @@ def main(argv: list[str]) -> int:
         env = SokobanEnv(config)
     else:
         env = MazeEnv(config)
+    start_observability("env", settings.metrics_port, settings.tracing, settings.host)
     asyncio.run(serve(f"{settings.host}:{settings.port}", env))
     return 0
 

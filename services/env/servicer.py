@@ -17,6 +17,7 @@ import grpc
 from google.protobuf import struct_pb2
 
 from mmrl.v1 import env_pb2, env_pb2_grpc
+from services.env import metrics
 from services.env.batched import Environment, EpisodeView
 from services.env.errors import EnvError
 
@@ -69,11 +70,12 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
 
     def __init__(self, env: Environment) -> None:
         self.env = env
+        metrics.track_live_episodes(lambda: len(env.store))
 
     async def _call(self, context: grpc.aio.ServicerContext, method: str, operation: Callable[[], T]) -> T:
         """Runs `operation`; an EnvError becomes the gRPC status it names (abort raises)."""
         try:
-            return operation()
+            return metrics.observe(method, operation)
         except EnvError as error:
             log.info("request refused", extra={"method": method, "code": error.code.name, "reason": error.message})
             await context.abort(getattr(grpc.StatusCode, error.code.name), error.message)

@@ -39,6 +39,7 @@ def start_learner_process(
     num_threads: int | None = None,
     timeout_s: float = 300.0,
     image_cache_mb: int | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Starts `mmrl serve learner` on a free port in its own process group; returns it and the
     port once it serves. Its output goes to work_dir/learner.log."""
@@ -65,6 +66,7 @@ def start_learner_process(
         command += ["--num-threads", str(num_threads)]
     if image_cache_mb is not None:
         command += ["--image-cache-mb", str(image_cache_mb)]
+    command += extra_args
     with open(work_dir / "learner.log", "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout_s
@@ -124,12 +126,17 @@ def sample_batch(
         gc.collect()
 
 
-async def drive(port: int, batches: list[list[Trajectory]], config: dict[str, Any]) -> dict[str, Any]:
+async def drive(
+    port: int, batches: list[list[Trajectory]], config: dict[str, Any], launcher_pid: int | None = None
+) -> dict[str, Any]:
     """ConfigureRun, one TrainStep per batch (the first a warm-up, the others timed),
-    PublishAdapter, SaveCheckpoint; returns the numbers."""
+    PublishAdapter, SaveCheckpoint; returns the numbers, with each rank's peak resident memory when
+    `launcher_pid` is the learner process."""
     from mmrl.v1 import learner_pb2, learner_pb2_grpc
     from services.common.grpc_server import channel
+    from services.learner.memory import PhasePeaks
 
+    phases = PhasePeaks(launcher_pid)
     run_id = f"bench-{int(time.time())}"
     requests = [
         learner_pb2.TrainStepRequest(run_id=run_id, trajectories=[t.to_proto() for t in batch])
@@ -140,6 +147,7 @@ async def drive(port: int, batches: list[list[Trajectory]], config: dict[str, An
         await stub.ConfigureRun(
             learner_pb2.ConfigureRunRequest(run_id=run_id, config_json=json.dumps(config))
         )
+        phases.close("configure")
         first = await stub.TrainStep(requests[0])  # warm-up; its log-probs are those of the sampling policy
         times, server_times = [], []
         for request in requests[1:]:
@@ -147,9 +155,13 @@ async def drive(port: int, batches: list[list[Trajectory]], config: dict[str, An
             reply = await stub.TrainStep(request)
             times.append(time.perf_counter() - start)
             server_times.append(reply.metrics["train/step_s"])
+        phases.close("train")
         published = await stub.PublishAdapter(learner_pb2.PublishAdapterRequest(run_id=run_id))
         saved = await stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(run_id=run_id))
+    phases.close("publish_checkpoint")
     return {
+        "peak_rss_mb_per_rank": phases.overall(),
+        "peak_rss_mb_per_rank_by_phase": phases.by_phase,
         "first": dict(first.metrics),
         "step_s": statistics.median(times),
         "server_step_s": statistics.median(server_times),
@@ -179,12 +191,25 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--rollout",
         choices=["vllm", "fake"],
-        default="vllm",
-        help="sample the batch with real vLLM (default) or a stand-in (no log-prob check)",
+        help="sample the batch with real vLLM (default) or a stand-in (no log-prob check; the default"
+        " with --random-model-params)",
+    )
+    parser.add_argument(
+        "--random-model-params",
+        type=float,
+        help="train a random Qwen3-VL-architecture model of about this many parameters (e.g. 5e8),"
+        " built with `mmrl init-model tiny`'s builder, instead of --model",
+    )
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], help="the learner's --dtype")
+    parser.add_argument(
+        "--activation-checkpointing", action="store_true", help="recompute decoder layers in the backward"
     )
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
+    if args.random_model_params is not None and args.model is not None:
+        parser.error("--random-model-params builds its own model: leave out --model")
+    rollout = args.rollout or ("fake" if args.random_model_params is not None else "vllm")
 
     def say(message: str) -> None:
         print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
@@ -195,25 +220,40 @@ def main(argv: list[str]) -> int:
         if model is None:
             from services.common.tiny_model import build_tiny_model
 
-            model = build_tiny_model(work / "tiny-model")
+            shape = {}
+            if args.random_model_params is not None:
+                from services.learner.memory import random_model_shape
+
+                found = random_model_shape(args.random_model_params)
+                shape = {"hidden_size": found.hidden_size, "num_layers": found.num_layers}
+                say(f"building a random model: hidden {found.hidden_size}, {found.num_layers} layers")
+            model = build_tiny_model(work / "tiny-model", **shape)
+        num_params = json.loads((model / "mmrl_model.json").read_text())["num_parameters"] \
+            if (model / "mmrl_model.json").is_file() else None
         say(
             f"sampling {1 + args.steps} batches of {args.groups * args.group_size} trajectories"
-            f" x {args.turns} turns ({args.rollout})"
+            f" x {args.turns} turns ({rollout})"
         )
         num_groups = args.groups * (1 + args.steps)
-        played = sample_batch(model, num_groups, args.group_size, args.turns, args.rollout)
+        played = sample_batch(model, num_groups, args.group_size, args.turns, rollout)
         size = args.groups * args.group_size  # play_episodes lists the episodes group by group
         batches = [played[i : i + size] for i in range(0, len(played), size)]
         timed = batches[1:]
         num_tokens = statistics.mean(sum(len(t.token_ids) for t in b) for b in timed)
         num_generated = statistics.mean(sum(t.num_generated_tokens for t in b) for b in timed)
         say(f"starting the learner with {args.nproc} rank(s)")
+        extra = ("--dtype", args.dtype) if args.dtype else ()
         process, port = start_learner_process(
-            model, work / "shared", work, args.nproc, args.num_threads, image_cache_mb=args.image_cache_mb
+            model, work / "shared", work, args.nproc, args.num_threads, image_cache_mb=args.image_cache_mb,
+            extra_args=extra, timeout_s=900.0,
         )
+        from services.learner.memory import learner_rank_pids, rss_mb
+
+        baseline = rss_mb(learner_rank_pids(process.pid))  # serving, before the model is loaded
         try:
-            config = {"micro_batch_size": args.micro_batch_size, "learning_rate": 1e-5}
-            numbers = asyncio.run(drive(port, batches, config))
+            config = {"micro_batch_size": args.micro_batch_size, "learning_rate": 1e-5,
+                      "activation_checkpointing": args.activation_checkpointing}
+            numbers = asyncio.run(drive(port, batches, config, launcher_pid=process.pid))
         finally:
             stop_learner_process(process)
     first = numbers["first"]
@@ -223,6 +263,16 @@ def main(argv: list[str]) -> int:
         "step_s": round(numbers["step_s"], 4),
         "server_step_s": round(numbers["server_step_s"], 4),
         "ranks": args.nproc,
+        "peak_rss_mb_per_rank": numbers["peak_rss_mb_per_rank"],
+        "peak_rss_mb_per_rank_by_phase": numbers["peak_rss_mb_per_rank_by_phase"],
+        "serving_rss_mb_per_rank": baseline,
+        "peak_over_serving_mb_per_rank": [
+            round(peak - base, 1) for peak, base in zip(numbers["peak_rss_mb_per_rank"], baseline, strict=False)
+        ],
+        "num_parameters": num_params,
+        "full_model_fp32_mb": round(num_params * 4 / 2**20, 1) if num_params else None,
+        "dtype": args.dtype or "auto",
+        "activation_checkpointing": args.activation_checkpointing,
         "num_threads_per_rank": args.num_threads or (1 if args.nproc > 1 else None),
         "image_cache_mb": args.image_cache_mb,
         "num_trajectories": len(timed[0]),
@@ -232,12 +282,12 @@ def main(argv: list[str]) -> int:
         "publish_ms": round(numbers["publish_ms"], 2),
         "checkpoint_ms": round(numbers["checkpoint_ms"], 2),
         "logprob_abs_diff_vs_rollout": first["train/logprob_abs_diff_vs_rollout"]
-        if args.rollout == "vllm"
+        if rollout == "vllm"
         else None,
         "logprob_abs_diff_vs_rollout_max": first["train/logprob_abs_diff_vs_rollout_max"]
-        if args.rollout == "vllm"
+        if rollout == "vllm"
         else None,
-        "rollout": args.rollout,
+        "rollout": rollout,
         "cpu_load_avg_1m": round(os.getloadavg()[0], 2),
     }
     if not args.json:

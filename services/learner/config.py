@@ -15,6 +15,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.common.tracing import TracingMode
+
 
 class LearnerSettings(BaseSettings):
     """Process settings of `mmrl serve learner` (environment MMRL_LEARNER_*, flags override)."""
@@ -35,6 +37,11 @@ class LearnerSettings(BaseSettings):
     """Compute dtype: FSDP2 gathers parameters in it and reduces gradients in float32 (auto:
     float32 on CPU, bfloat16 on GPU). Stored weights, LoRA weights and the optimiser state stay
     float32."""
+    replicate_base: bool = False
+    """Keep the whole frozen base model on every rank (MMRL_LEARNER_REPLICATE_BASE): FSDP2 then
+    shards only the LoRA weights and never gathers the base, at the cost of the base's full size in
+    compute dtype per device (16 GB for an 8B model in bfloat16: the usual choice on 80-141 GB GPUs).
+    Off: the base is sharded too and gathered block by block in every forward and backward."""
     host: str = "0.0.0.0"
     """Address rank 0 listens on (MMRL_LEARNER_HOST)."""
     port: int = Field(default=50053, ge=0, le=65535)
@@ -50,3 +57,9 @@ class LearnerSettings(BaseSettings):
         default="INFO", validation_alias=AliasChoices("MMRL_LEARNER_LOG_LEVEL", "MMRL_LOG_LEVEL", "log_level")
     )
     """Logging level (MMRL_LEARNER_LOG_LEVEL, else MMRL_LOG_LEVEL, which every service reads)."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the Prometheus /metrics HTTP endpoint (MMRL_LEARNER_METRICS_PORT); 0: not served."""
+    tracing: TracingMode = Field(
+        default="off", validation_alias=AliasChoices("MMRL_LEARNER_TRACING", "MMRL_TRACING", "tracing"))
+    """OpenTelemetry tracing: off, otlp (OTEL_EXPORTER_OTLP_* variables) or console (MMRL_LEARNER_TRACING,
+    else MMRL_TRACING)."""

@@ -79,13 +79,16 @@ def is_sharded(ctx: DistContext, compute_dtype: torch.dtype) -> bool:
     return ctx.world_size > 1 or compute_dtype != torch.float32
 
 
-def shard_model(model: Any, ctx: DistContext, compute_dtype: torch.dtype) -> Any:
+def shard_model(model: Any, ctx: DistContext, compute_dtype: torch.dtype, replicate_base: bool = False) -> Any:
     """FSDP2: `fully_shard` every transformer block (the model's `_no_split_modules`: decoder
     layers and vision blocks), then the root. With a compute dtype below float32, parameters are
-    gathered in that dtype and gradients reduced in float32 (the stored weights stay float32).
+    gathered in that dtype and gradients reduced in float32. With `replicate_base`, the frozen
+    parameters are left out of FSDP (every rank keeps all of them, nothing to gather) and only the
+    trainable ones are sharded.
 
     A single float32 rank has nothing to shard: the model is only moved to the device (FSDP2's
-    gather copies would double the step time on CPU).
+    gather copies would double the step time on CPU). Parameters on the meta device stay there
+    (weights.build_policy allocates and fills them after sharding).
     """
     if not is_sharded(ctx, compute_dtype):
         return model.to(ctx.device)
@@ -96,13 +99,14 @@ def shard_model(model: Any, ctx: DistContext, compute_dtype: torch.dtype) -> Any
     policy = MixedPrecisionPolicy()
     if compute_dtype != torch.float32:
         policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    ignored = {p for p in model.parameters() if not p.requires_grad} if replicate_base else None
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     block_classes = set(getattr(inner, "_no_split_modules", None) or [])
     blocks = [m for m in model.modules() if type(m).__name__ in block_classes]
     assert blocks, f"found no transformer blocks among {sorted(block_classes)}"
     for block in blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy, ignored_params=ignored)
+    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored)
     return model
 
 

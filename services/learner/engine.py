@@ -40,6 +40,7 @@ from services.learner.policy import (
 )
 from services.learner.publish import PublishedAdapter, publish_adapter
 from services.learner.trainer import MiniBatch, StepOutcome, train_step
+from services.learner.weights import build_policy
 
 log = logging.getLogger("mmrl.learner")
 
@@ -106,8 +107,13 @@ class LearnerEngine:
         """Builds a fresh model with a new (identity) adapter and optimizer for `run_id`."""
         self.run = None
         gc.collect()
-        model = add_lora(load_base_model(self.model_dir, torch.float32), config)
-        model = shard_model(model, self.ctx, self.compute_dtype)
+        if is_sharded(self.ctx, self.compute_dtype):  # each rank reads only its shard of the weights
+            model = build_policy(
+                self.model_dir, config, self.ctx, self.compute_dtype, replicate_base=self.settings.replicate_base
+            )
+        else:
+            model = shard_model(add_lora(load_base_model(self.model_dir, torch.float32), config), self.ctx,
+                                self.compute_dtype)
         optimizer = build_optimizer((p for _, p in trainable_parameters(model)), config)
         images = None
         if self.settings.image_cache_mb > 0 and image_features.usable(

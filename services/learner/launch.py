@@ -71,9 +71,11 @@ async def serve(settings: LearnerSettings, engine: object, port_file: Path | Non
     """Rank 0: the gRPC server driving every rank, until SIGTERM/SIGINT."""
     from mmrl.v1 import learner_pb2_grpc
     from services.common.grpc_server import start_server, wait_for_termination
+    from services.common.metrics import start_observability
     from services.learner.driver import LearnerDriver
     from services.learner.servicer import SERVICE_NAME, LearnerServicer
 
+    start_observability("learner", settings.metrics_port, settings.tracing, settings.host)
     servicer = LearnerServicer(LearnerDriver(engine))  # type: ignore[arg-type]
     running = await start_server(
         lambda server: learner_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, server),

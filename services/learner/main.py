@@ -45,6 +45,12 @@ def main(argv: list[str]) -> int:
     from services.learner.engine import LearnerEngine
 
     ctx = init_distributed(settings.device)
+    if ctx.device.type == "cpu" and (ctx.world_size > 1 or settings.dtype == "bfloat16"):
+        # host memory holds sharded weights: FSDP's freed gathers go back to the system (the
+        # single float32 rank, which loads the whole model anyway, keeps glibc's defaults)
+        from services.learner.memory import return_large_frees_to_the_system
+
+        return_large_frees_to_the_system()
     log.info("starting learner rank", extra={"rank": ctx.rank, "world_size": ctx.world_size, "device": str(ctx.device),
                                              "settings": settings.model_dump(mode="json")})
     engine = LearnerEngine(settings, ctx)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
-from services.common.training import TrainSettings
+if TYPE_CHECKING:  # pydantic is not needed to train (the GPU check runs without it)
+    from services.common.training import TrainSettings
 
 
 def learning_rate_at(step: int, config: TrainSettings) -> float:

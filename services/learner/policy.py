@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from services.common.training import TrainSettings
 from services.learner.batch import PolicyBatch
+
+if TYPE_CHECKING:  # pydantic is not needed to train (the GPU check runs without it)
+    from services.common.training import TrainSettings
 
 ADAPTER_NAME = "default"
 

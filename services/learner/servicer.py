@@ -20,6 +20,7 @@ import grpc
 from mmrl.v1 import learner_pb2, learner_pb2_grpc
 from services.common import storage
 from services.common.trajectory import Trajectory
+from services.learner import metrics
 from services.learner.driver import LearnerDriver, StateError
 from services.learner.engine import LearnerState
 
@@ -73,12 +74,14 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     ) -> learner_pb2.TrainStepResponse:
         trajectories = [Trajectory.from_proto(t) for t in request.trajectories]
         result = await self._call(context, lambda: self.driver.train_step(request.run_id, trajectories))
+        metrics.trained(result.metrics)
         return learner_pb2.TrainStepResponse(step=result.step, metrics=result.metrics, skipped=result.skipped)
 
     async def PublishAdapter(
         self, request: learner_pb2.PublishAdapterRequest, context: grpc.aio.ServicerContext
     ) -> learner_pb2.PublishAdapterResponse:
         published = await self._call(context, lambda: self.driver.publish(request.run_id))
+        metrics.published(published.publish_ms)
         return learner_pb2.PublishAdapterResponse(
             version=published.version,
             path=str(published.path),
@@ -90,6 +93,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         self, request: learner_pb2.SaveCheckpointRequest, context: grpc.aio.ServicerContext
     ) -> learner_pb2.SaveCheckpointResponse:
         step, path, ms = await self._call(context, lambda: self.driver.save_checkpoint(request.run_id))
+        metrics.checkpointed(ms)
         return learner_pb2.SaveCheckpointResponse(step=step, path=str(path), checkpoint_ms=ms)
 
     async def LoadCheckpoint(

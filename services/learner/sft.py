@@ -195,6 +195,20 @@ class SftConfig(BaseModel):
         return list(training_seeds(self.first_seed, self.num_mazes, self.size))
 
 
+def image_token_counter(processor: Any, spec: ModelSpec) -> Callable[[bytes], int]:
+    """Image tokens of a frame; every frame of one maze size has the same shape, so the processor
+    runs on the first frame only."""
+    per_image: list[int] = []
+
+    def tokens_per_image(frame: bytes) -> int:
+        if not per_image:
+            grid = processor.image_processor(images=[decode_image(frame)], return_tensors="pt")["image_grid_thw"]
+            per_image.append(int(grid.prod().item()) // spec.merge_size**2)
+        return per_image[0]
+
+    return tokens_per_image
+
+
 def check_seeds(config: SftConfig) -> list[int]:
     """The validation mazes of the checks: `check_mazes` training seeds from `check_first_seed` on whose
     layouts are distinct, not reserved for eval sets, and not among the layouts the SFT trains on."""
@@ -331,16 +345,7 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
     model = load_base_model(Path(config.base_model))
     spec = ModelSpec.from_config(model.config)
 
-    per_image: list[int] = []
-
-    def tokens_per_image(frame: bytes) -> int:
-        """Image tokens of a frame; every frame of one maze size has the same shape."""
-        if not per_image:
-            images = [decode_image(frame)]
-            grid = processor.image_processor(images=images, return_tensors="pt")["image_grid_thw"]
-            per_image.append(int(grid.prod().item()) // spec.merge_size**2)
-        return per_image[0]
-
+    tokens_per_image = image_token_counter(processor, spec)
     data = expert_conversations(env_address, config, processor.tokenizer, tokens_per_image)
     num_actions = sum(t.num_generated_tokens for t in data)
     progress(f"sft data: {len(data)} expert conversations, {num_actions} action tokens "

@@ -33,17 +33,19 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from services.common.training import TrainSettings
 from services.learner.batch import ModelSpec, PolicyBatch, PreparedTrajectory, collate
 from services.learner.distributed import DistContext, all_reduce
 from services.learner.image_features import ImageFeatureCache
 from services.learner.loss import aggregation_weights, policy_loss
 from services.learner.optim import learning_rate_at, set_learning_rate
 from services.learner.policy import reference_logprobs, token_logprobs
+
+if TYPE_CHECKING:  # pydantic is not needed to train (the GPU check runs without it)
+    from services.common.training import TrainSettings
 
 
 @dataclass(frozen=True)

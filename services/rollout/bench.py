@@ -150,7 +150,8 @@ async def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     publish_adapter(train_adapter(model_dir, [frame_png(s) for s in range(4)]), storage.adapter_dir(shared, RUN, 1))
 
     config = RolloutConfig(model=str(model_dir), max_model_len=2048, limit_images_per_prompt=4,
-                           max_num_seqs=max(256, args.num_prompts), lora_kernels=args.lora_kernels)
+                           max_num_seqs=max(256, args.num_prompts), lora_kernels=args.lora_kernels,
+                           engine_metrics=args.engine_metrics)
     server = await RolloutServer.start(config, "127.0.0.1:0", shared_root=shared, cache_dir=cache)
     start = time.perf_counter()
     await server.start_engine(VllmEngine.start)
@@ -235,6 +236,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--adapter-loads", type=int, default=5, help="adapter versions published and loaded")
     parser.add_argument("--lora-kernels", choices=["grouped", "vllm"], default="grouped",
                         help="CPU LoRA ops: the service's grouped ops or vLLM's reference ops")
+    parser.add_argument("--engine-metrics", action=argparse.BooleanOptionalAction, default=True,
+                        help="vLLM's Prometheus metrics on (the service's default) or off")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="mmrl-bench-rollout-") as tmp:

@@ -14,6 +14,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.config_files import read_config_file
+from services.common.tracing import TracingMode
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
@@ -44,6 +45,15 @@ class RolloutConfig(BaseModel):
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     """Fraction of accelerator memory vLLM reserves; None: 0.1 on the CPU backend (there: fraction of host
     RAM), 0.45 on GPU (the colocated learner needs the rest while the engine is awake)."""
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    """GPUs one engine spans (vLLM tensor parallelism): each layer is split across them. 1 keeps a whole
+    model per GPU, the fastest choice whenever the model fits one with room for its KV cache (an 8B model in
+    bfloat16 takes 16 GB); 2, 4 or 8 for models that do not. The CPU backend needs 1."""
+    data_parallel_size: int = Field(default=1, ge=1, le=64)
+    """Engine replicas inside this service (vLLM data parallelism), each on tensor_parallel_size GPUs of its
+    own, requests spread across them: tensor_parallel_size x data_parallel_size GPUs in all, e.g. 1 x 2 puts
+    one engine on each of a node's 2 GPUs. Adapter loads, sleep and wake reach every replica. The CPU
+    backend needs 1."""
     max_num_seqs: int = Field(default=256, ge=1)
     """Most sequences the engine schedules at once (continuous batching width)."""
     max_num_batched_tokens: int | None = Field(default=None, ge=16)
@@ -88,6 +98,9 @@ class RolloutConfig(BaseModel):
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs"
     """Log-probs returned per sampled token: of the model's distribution ("raw", what the learner's forward
     computes) or of the distribution actually sampled from after temperature/top-p/top-k ("processed")."""
+    engine_metrics: bool = True
+    """Record vLLM's own Prometheus metrics (`vllm:*`: requests, tokens, KV-cache use, prefix-cache hits),
+    served with the service's on its metrics port (vLLM's log stats; off: vLLM records none)."""
     seed: int = 0
     """Engine seed (requests without a seed draw from it)."""
     max_requests_per_call: int = Field(default=8192, ge=1)
@@ -103,6 +116,20 @@ class RolloutConfig(BaseModel):
                 and not self.chunked_prefill:
             raise ValueError("max_num_batched_tokens must be >= max_model_len without chunked_prefill")
         return self
+
+    def check_backend(self, on_cpu: bool) -> None:
+        """ValueError for settings the backend cannot run: vLLM's CPU backend runs one engine on the
+        host's cores, so parallel sizes above 1 are refused there rather than left to fail inside vLLM."""
+        if on_cpu and (self.tensor_parallel_size > 1 or self.data_parallel_size > 1):
+            raise ValueError(
+                f"tensor_parallel_size {self.tensor_parallel_size} and data_parallel_size {self.data_parallel_size}:"
+                " the CPU backend runs one engine on the host's cores; set both to 1 (parallel sizes are for GPUs)"
+            )
+
+    @property
+    def gpus_per_service(self) -> int:
+        """GPUs the engine(s) of one rollout service occupy."""
+        return self.tensor_parallel_size * self.data_parallel_size
 
     @property
     def batched_tokens(self) -> int:
@@ -140,6 +167,12 @@ class ServerSettings(BaseSettings):
     """Shared storage root; LoadAdapter only reads adapters below it (MMRL_SHARED_ROOT)."""
     adapter_cache_dir: Path | None = None
     """Local directory for the verified copies vLLM loads adapters from; unset: a temporary directory."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the Prometheus /metrics HTTP endpoint (MMRL_ROLLOUT_METRICS_PORT); 0: not served."""
+    tracing: TracingMode = Field(
+        default="off", validation_alias=AliasChoices("MMRL_ROLLOUT_TRACING", "MMRL_TRACING", "tracing"))
+    """OpenTelemetry tracing: off, otlp (OTEL_EXPORTER_OTLP_* variables) or console (MMRL_ROLLOUT_TRACING,
+    else MMRL_TRACING)."""
 
 
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> RolloutConfig:

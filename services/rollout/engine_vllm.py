@@ -48,6 +48,7 @@ def engine_args(config: RolloutConfig) -> Any:
     from vllm.platforms import current_platform
 
     on_cpu = current_platform.is_cpu()
+    config.check_backend(on_cpu)
     if on_cpu and config.chunked_prefill:
         log.warning("chunked_prefill on the CPU backend: a seeded request prefilled in chunks kills the engine")
     grouped_lora = config.enable_lora and config.lora_kernels == "grouped" and on_cpu
@@ -56,6 +57,8 @@ def engine_args(config: RolloutConfig) -> Any:
         dtype=config.resolved_dtype(on_cpu),
         max_model_len=config.max_model_len,
         gpu_memory_utilization=config.resolved_memory_utilization(on_cpu),
+        tensor_parallel_size=config.tensor_parallel_size,
+        data_parallel_size=config.data_parallel_size,
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.batched_tokens,
         enable_chunked_prefill=config.chunked_prefill,
@@ -71,7 +74,7 @@ def engine_args(config: RolloutConfig) -> Any:
         distributed_executor_backend="uni" if on_cpu and config.cpu_engine_core_runs_model else None,
         enable_sleep_mode=current_platform.is_sleep_mode_available(),
         worker_extension_cls=WORKER_EXTENSIONS[config.one_pass_mrope, grouped_lora],
-        disable_log_stats=True,
+        disable_log_stats=not config.engine_metrics,  # on: vLLM's Prometheus metrics (services/rollout/metrics.py)
     )
 
 

@@ -20,6 +20,7 @@ from services.common.config_files import load_model_file
 from services.common.grpc_server import wait_for_termination
 from services.common.logging import setup_logging
 from services.common.messages import summary
+from services.common.metrics import start_observability
 from services.common.settings_cli import add_model_options, given_values, settings_from
 from services.rollout.config import RolloutConfig, ServerSettings
 from services.rollout.service import RolloutServer
@@ -66,6 +67,7 @@ def main(argv: list[str]) -> int:
     config = load_model_file(RolloutConfig, settings.config_file, overrides)
     setup_logging("rollout", settings.log_level)
     log.info("starting rollout service", extra={"config": config.model_dump(), "shared_root": str(settings.shared_root)})
+    start_observability("rollout", settings.metrics_port, settings.tracing, settings.host)
     with tempfile.TemporaryDirectory(prefix="mmrl-rollout-adapters-") as tmp:
         cache_dir = settings.adapter_cache_dir or Path(tmp)
         cache_dir.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ import grpc
 
 from mmrl.v1 import rollout_pb2, rollout_pb2_grpc
 from services.common.grpc_server import RunningServer, start_server
+from services.rollout import metrics
 from services.rollout.adapters import AdapterRegistry
 from services.rollout.config import RolloutConfig
 from services.rollout.engine import Engine, EngineResult
@@ -51,6 +52,7 @@ def _status_on_error(handler: Handler[T]) -> Handler[T]:
         try:
             return await handler(self, request, context)
         except RolloutError as error:
+            metrics.ERRORS.labels(handler.__name__, error.code.name).inc()
             log.info("request refused", extra={"method": handler.__name__, "code": error.code.name,
                                                "reason": str(error)})
             await context.abort(error.code, str(error))
@@ -115,6 +117,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         for result, ref in zip(results, refs, strict=True):
             _fill_result(response.results.add(), result, ref.version if ref is not None else 0)
         num_generated = sum(len(c.token_ids) for r in results for c in r.completions)
+        metrics.generated(time.perf_counter() - start, len(results), num_generated)
         log.info("generated", extra={"rollout/generate/latency_ms": round((time.perf_counter() - start) * 1000, 1),
                                      "rollout/generate/num_requests": len(results),
                                      "rollout/generate/num_generated_tokens": num_generated,
@@ -129,6 +132,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         if not ready.engine.info.lora_supported:
             raise FailedPrecondition("this rollout service was started with enable_lora=false")
         adapter, load_ms = await ready.adapters.load(request.run_id, int(request.version), request.path)
+        metrics.adapter_loaded(adapter.run_id, adapter.version, load_ms)
         return rollout_pb2.LoadAdapterResponse(run_id=adapter.run_id, version=adapter.version,
                                                manifest_sha256=adapter.manifest_sha256, load_ms=load_ms)
 

@@ -17,6 +17,7 @@ from services.coordinator.api.app import create_app
 from services.coordinator.config import CoordinatorSettings
 
 TOKEN = "s3cret-token"
+OTHER_LEARNERS = [f"127.0.0.1:{free_port()}" for _ in range(2)]  # a run config may name these
 
 
 def _settings(redis_url: str, tmp_path: Path, token: str = "") -> CoordinatorSettings:
@@ -24,6 +25,7 @@ def _settings(redis_url: str, tmp_path: Path, token: str = "") -> CoordinatorSet
     return CoordinatorSettings(
         redis_url=f"{redis_url}/2", api_token=token, shared_root=tmp_path, env_addr=dead[0],
         rollout_addrs=dead[1], learner_addr=dead[2], rpc_timeout_s=5, rpc_retries=0, resume_runs=False,
+        allowed_models=f"some/model,{tmp_path.parent}", allowed_endpoints=",".join(OTHER_LEARNERS),
     )
 
 
@@ -93,11 +95,23 @@ def test_a_run_whose_services_are_down_fails_naming_the_service(client: TestClie
 def test_actions_that_do_not_fit_the_state_are_409(client: TestClient, redis_url: str, tiny_model_dir: Path) -> None:
     run_id = client.post("/v1/runs", json={"config": _config(str(tiny_model_dir))}).json()["id"]
     _wait_for_state(client, run_id, {"failed"})
-    for action in ("stop", "pause", "resume"):
+    for action in ("stop", "pause"):
         reply = client.post(f"/v1/runs/{run_id}/{action}")
         assert reply.status_code == 409, action
         assert "failed" in reply.json()["detail"]
     assert client.post(f"/v1/runs/{run_id}/explode").status_code == 404
+
+
+def test_a_failed_run_can_be_resumed_and_its_failure_stays_in_its_history(client: TestClient,
+                                                                          tiny_model_dir: Path) -> None:
+    run_id = client.post("/v1/runs", json={"config": _config(str(tiny_model_dir))}).json()["id"]
+    first = _wait_for_state(client, run_id, {"failed"})
+    resumed = client.post(f"/v1/runs/{run_id}/resume")
+    assert resumed.status_code == 200 and resumed.json()["state"] in ("pending", "running", "failed")
+    _wait_for_state(client, run_id, {"failed"})  # its services are still down
+    events = client.get(f"/v1/runs/{run_id}/events", params={"follow": False}).text
+    assert "event: resume" in events and first["failure_reason"][:40] in events
+    assert events.count('"state": "failed"') == 2
 
 
 def test_a_run_left_running_with_nothing_driving_it_can_be_paused_and_resumed(
@@ -144,7 +158,7 @@ def test_a_learner_takes_one_run_at_a_time(client: TestClient, tiny_model_dir: P
     assert [r["id"] for r in client.get("/v1/runs").json()["runs"]] == [first]  # nothing recorded
 
     # Another learner is free.
-    elsewhere = _config(str(tiny_model_dir), endpoints={"learner": f"127.0.0.1:{free_port()}"})
+    elsewhere = _config(str(tiny_model_dir), endpoints={"learner": OTHER_LEARNERS[0]})
     assert client.post("/v1/runs", json={"config": elsewhere}).status_code == 201
 
     held_runs.set()

@@ -121,6 +121,8 @@ async def test_a_failure_is_recorded_once_redis_answers_again(tmp_path: Path) ->
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     class FlakyStore:
+        r = None  # no leases taken here
+
         def __init__(self) -> None:
             self.calls: list[tuple[str, str, str]] = []
 

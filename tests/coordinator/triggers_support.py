@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -58,10 +60,15 @@ def sns(message: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# Learner addresses a run config may name (the coordinator refuses others): one per run of a test.
+LEARNERS = [f"127.0.0.1:{free_port()}" for _ in range(64)]
+_next_learner = itertools.cycle(LEARNERS)
+
+
 def run_config(name: str = "triggered", **overrides: Any) -> dict[str, Any]:
     """A run config whose learner address is its own (no two test runs wait on one learner)."""
     return {"name": name, "model": "some/model", "steps": 2,
-            "endpoints": {"learner": f"127.0.0.1:{free_port()}"}, **overrides}
+            "endpoints": {"learner": next(_next_learner)}, **overrides}
 
 
 def put_object(buckets: Path, key: str, config: dict[str, Any], bucket: str = BUCKET) -> Path:
@@ -75,7 +82,7 @@ def settings(redis_url: str, shared: Path, token: str = TOKEN) -> CoordinatorSet
     dead = [f"127.0.0.1:{free_port()}" for _ in range(3)]
     return CoordinatorSettings(redis_url=f"{redis_url}/3", api_token=token, shared_root=shared, env_addr=dead[0],
                                rollout_addrs=dead[1], learner_addr=dead[2], rpc_timeout_s=5, rpc_retries=0,
-                               resume_runs=False)
+                               resume_runs=False, allowed_models=f"some/model,{tempfile.gettempdir()}", allowed_endpoints=",".join(LEARNERS))
 
 
 def trigger_settings(rules: list[dict[str, Any]], tmp_path: Path, **fields: Any) -> TriggerSettings:

@@ -309,8 +309,12 @@ def test_every_mmrl_container_reads_the_settings_config_map(manifests: Manifests
             assert refs == [settings_name], f"{obj['metadata']['name']}/{c['name']}"
 
 
+METRICS_PORTS = {9101, 9102, 9103}  # Prometheus /metrics of env, rollout, learner (open to the cluster's scraper)
+
+
 def _allowed_sources(objs: list[dict[str, Any]]) -> dict[str, set[str]]:
-    """For each pod (by component label): 'outside' or the components a NetworkPolicy lets in."""
+    """For each pod (by component label): 'outside' or the components a NetworkPolicy lets in on a
+    port other than a metrics port."""
     components = {
         template_labels(w)["app.kubernetes.io/component"]: template_labels(w) for w in workloads(objs)
     }
@@ -322,6 +326,8 @@ def _allowed_sources(objs: list[dict[str, Any]]) -> dict[str, set[str]]:
             if selects(policy["spec"]["podSelector"].get("matchLabels", {}), labels)
         ]
         for rule in policy["spec"].get("ingress", []):
+            if rule.get("ports") and {p["port"] for p in rule["ports"]} <= METRICS_PORTS:
+                continue
             if "from" not in rule:
                 sources = {"outside"}
             else:
@@ -365,11 +371,21 @@ def test_the_api_token_comes_from_a_secret_generated_only_by_the_local_overlay(m
         (token,) = [e for e in coordinator["env"] if e["name"] == "MMRL_API_TOKEN"]
         secret_name = token["valueFrom"]["secretKeyRef"]["name"]
         secrets = [o for o in objs if o["kind"] == "Secret"]
+        grpc_refs = {ref["secretRef"]["name"] for ref in coordinator["envFrom"] if "secretRef" in ref}
+        assert len(grpc_refs) == 1, "the gRPC token Secret"
         if overlay == "local":
-            assert [s["metadata"]["name"] for s in secrets] == [secret_name]
+            assert sorted(s["metadata"]["name"] for s in secrets) == sorted([secret_name, *grpc_refs])
         else:
             assert secrets == [], f"{overlay} must not carry a Secret: it is created on the cluster"
-            assert secret_name == "mmrl-api-token"
+            assert secret_name == "mmrl-api-token" and grpc_refs == {"mmrl-grpc-token"}
+
+
+def test_every_grpc_party_reads_the_grpc_token(manifests: Manifests) -> None:
+    for overlay, objs in manifests.items():
+        for kind, name in (("Deployment", "coordinator"), ("Deployment", "env"), ("StatefulSet", "learner")):
+            for spec in find(objs, kind, name)["spec"]["template"]["spec"]["containers"]:
+                refs = [r["secretRef"]["name"] for r in spec.get("envFrom", []) if "secretRef" in r]
+                assert any(r.startswith("mmrl-grpc-token") for r in refs), (overlay, name, spec["name"])
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -408,3 +424,22 @@ def test_the_coordinator_mounts_run_defaults_equal_to_the_projects_run_config(ma
         expected = {**yaml.safe_load((REPO_ROOT / "configs" / config_file).read_text()), **overrides}
         assert run_defaults == expected, kustomization
         assert run_defaults["model"].startswith("/shared/models/")
+
+
+@pytest.mark.parametrize(("overlay", "gpus"), [("local", 0), ("hyperpod", GPUS_PER_NODE)])
+def test_each_overlay_gives_the_rollout_engine_a_parallel_layout_that_fits_its_nodes(
+    manifests: Manifests, overlay: str, gpus: int
+) -> None:
+    from services.rollout.config import RolloutConfig
+
+    objs = manifests[overlay]
+    learner = find(objs, "StatefulSet", "learner")
+    rollout = container(learner, "rollout")
+    env = {e["name"]: e.get("value") for e in rollout.get("env", [])}
+    mount = next(m for m in rollout["volumeMounts"] if m["name"] == "rollout-config")
+    assert env["MMRL_ROLLOUT_CONFIG_FILE"] == f"{mount['mountPath']}/rollout.yaml"
+    volume = next(v for v in pod_spec(learner)["volumes"] if v["name"] == "rollout-config")  # type: ignore[index]
+    (config_map,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == volume["configMap"]["name"]]
+    config = RolloutConfig.model_validate({"model": "m", **yaml.safe_load(config_map["data"]["rollout.yaml"])})
+    config.check_backend(on_cpu=gpus == 0)
+    assert config.gpus_per_service == max(gpus, 1)  # every GPU of the node serves rollouts

@@ -110,6 +110,86 @@ def test_a_short_grpo_run_publishes_loads_and_records_everything(stack: Stack, t
     assert '"succeeded"' in events
 
 
+def _scrape(url: str) -> dict[str, list[Any]]:
+    """family name -> samples of one /metrics endpoint."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url, timeout=30).text
+    return {family.name: family.samples for family in text_string_to_metric_families(text)}
+
+
+def _total(families: dict[str, list[Any]], family: str, sample: str | None = None, **labels: str) -> float:
+    return sum(s.value for s in families.get(family, [])
+               if s.name == (sample or family) and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_every_service_serves_its_metrics_during_a_run_and_tensorboard_holds_the_steps(
+        stack: Stack, tiny_model_dir: Path, tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from mmrl.cli.run import main as run_cli
+
+    api = stack.client()
+    run_id = api.start(_config(tiny_model_dir, steps=3, checkpoint_interval=2))["id"]
+    _wait(api, run_id, lambda r: r["step"] >= 1)
+    during = {s: _scrape(stack.metrics_url(s)) for s in ("env", "rollout", "learner", "coordinator")}
+    run = _wait(api, run_id, lambda r: r["state"] == "succeeded")
+    after = {s: _scrape(stack.metrics_url(s)) for s in ("env", "rollout", "learner", "coordinator")}
+
+    env, rollout, learner, coordinator = (after[s] for s in ("env", "rollout", "learner", "coordinator"))
+    assert _total(during["env"], "mmrl_env_steps", "mmrl_env_steps_total") > 0
+    assert _total(env, "mmrl_env_episodes_created", "mmrl_env_episodes_created_total") >= 3 * 4
+    assert _total(env, "mmrl_env_step_seconds", "mmrl_env_step_seconds_count") > 0
+    assert "mmrl_env_active_episodes" in env and "mmrl_env_errors" in env
+    # Rollout: the service's own metrics and vLLM's, as vLLM names them.
+    assert _total(rollout, "mmrl_rollout_generate_seconds", "mmrl_rollout_generate_seconds_count") > 0
+    assert _total(rollout, "mmrl_rollout_adapter_loads", "mmrl_rollout_adapter_loads_total") >= 3
+    assert _total(rollout, "mmrl_rollout_adapter_version", run_id=run_id) == run["adapter_version"] >= 3
+    assert _total(rollout, "vllm:generation_tokens", "vllm:generation_tokens_total") > 0
+    assert _total(rollout, "vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total") > 0
+    assert "vllm:kv_cache_usage_perc" in rollout and "vllm:num_requests_running" in rollout
+    # Learner: train step, throughput, loss, grad norm, the log-prob gap, publish and checkpoint times, memory.
+    assert _total(learner, "mmrl_learner_train_steps", "mmrl_learner_train_steps_total") >= 3
+    assert _total(learner, "mmrl_learner_tokens_per_second") > 0
+    assert _total(learner, "mmrl_learner_grad_norm") > 0
+    assert 0 <= _total(learner, "mmrl_learner_logprob_abs_diff_vs_rollout") < 1e-3
+    assert _total(learner, "mmrl_learner_publish_seconds", "mmrl_learner_publish_seconds_count") >= 3
+    assert _total(learner, "mmrl_learner_checkpoint_seconds", "mmrl_learner_checkpoint_seconds_count") >= 2
+    assert _total(learner, "mmrl_learner_memory_bytes") > 50 * 2**20
+    # Coordinator: the run's step, reward, solve rates, phase histograms, states, its calls to the services.
+    assert _total(during["coordinator"], "mmrl_run_step", run_id=run_id) >= 1
+    assert _total(coordinator, "mmrl_run_step", run_id=run_id) == 3
+    assert _total(coordinator, "mmrl_runs", state="succeeded") >= 1
+    for phase in ("rollout", "env", "train", "sync", "eval"):
+        assert _total(coordinator, "mmrl_run_phase_seconds", "mmrl_run_phase_seconds_count",
+                      run_id=run_id, phase=phase) >= 1, phase
+    assert _total(coordinator, "mmrl_grpc_client_calls", "mmrl_grpc_client_calls_total",
+                  service="RolloutService", method="Generate", code="OK") > 0
+    # Every metric the dashboard queries is among what the services served.
+    from tests.promql import PROMETHEUS_OWN, dashboard_queries, metric_names
+
+    # (A labelled counter nothing has incremented, e.g. errors by code, is served as a family without samples.)
+    served = {s.name for families in after.values() for samples in families.values() for s in samples}
+    families = {name for scraped in after.values() for name in scraped}
+    used = {n for expr in dashboard_queries() for n in metric_names(expr)}
+    missing = {n for n in used - served - PROMETHEUS_OWN if n.removesuffix("_total") not in families
+               and not n.startswith(("mmrl_learner_gpu", "mmrl_run_eval_", "mmrl_run_reward", "mmrl_run_train"))}
+    # (GPU memory needs a GPU; the newest-values gauges are read for running and paused runs only.)
+    assert not missing, sorted(missing)
+
+    # TensorBoard event files of the run, read back; and `mmrl run plot` draws its curve.
+    events = EventAccumulator(str(stack.config.shared_root / "runs" / run_id / "tensorboard"))
+    events.Reload()
+    metrics = api.request("GET", f"/v1/runs/{run_id}/metrics")["metrics"]
+    assert [(e.step, e.value) for e in events.Scalars("reward/mean")] == [
+        (m["step"], pytest.approx(m["reward/mean"])) for m in metrics]
+    assert {"train/loss", "train/grad_norm", "time/step_s", "eval/greedy_solve_rate"} <= set(events.Tags()["scalars"])
+    assert events.Tags()["images"] == ["eval/episodes"]
+    assert run_cli(["--api", stack.api_url, "--token", stack.config.api_token, "plot", run_id,
+                    "--out", str(tmp_path / "curve.png")]) == 0
+    assert (tmp_path / "curve.png").stat().st_size > 1000 and (tmp_path / "curve.json").is_file()
+
+
 def test_async_rollout_samples_the_next_step_with_the_version_before(stack: Stack, tiny_model_dir: Path) -> None:
     api = stack.client()
     run_id = api.start(_config(tiny_model_dir, steps=4, **{

@@ -67,3 +67,17 @@ def test_serving_without_a_model_is_a_usage_error(monkeypatch: pytest.MonkeyPatc
     monkeypatch.delenv("MMRL_ROLLOUT_MODEL", raising=False)
     assert cli.main(["serve", "rollout", "--port", "0"]) == 2
     assert capsys.readouterr().err == "mmrl serve rollout: model: required, not given\n"
+
+
+def test_parallel_sizes_reach_the_engine_on_gpu_and_are_refused_on_the_cpu_backend() -> None:
+    from services.rollout import engine_vllm
+
+    config = RolloutConfig(model="stub", tensor_parallel_size=2, data_parallel_size=4)
+    config.check_backend(on_cpu=False)
+    assert config.gpus_per_service == 8
+    with pytest.raises(ValueError, match="CPU backend runs one engine.*set both to 1"):
+        engine_vllm.engine_args(config)  # the CPU backend here
+    args = engine_vllm.engine_args(RolloutConfig(model="stub"))
+    assert (args.tensor_parallel_size, args.data_parallel_size) == (1, 1)
+    with pytest.raises(ValueError):
+        RolloutConfig(model="stub", tensor_parallel_size=0)

@@ -35,8 +35,28 @@ class Run(BaseModel):
                           "dataset); null for a run started by POST /v1/runs.")
 
 
+class RunSummary(BaseModel):
+    """A run as listed: its state and progress; the config and latest records are in GET /v1/runs/{id}."""
+
+    id: str
+    name: str
+    state: str = Field(..., description="pending, running, paused, succeeded, failed or stopped.")
+    step: int = Field(..., description="Steps completed.")
+    steps: int = Field(..., description="Steps the run will take.")
+    created_at: float
+    updated_at: float
+    failure_reason: str = ""
+    checkpoint_step: int
+    adapter_version: int
+    desired: str = Field("", description="A pause or stop requested but not yet applied.")
+    trigger: dict[str, Any] | None = Field(None, description="The event that started the run, if one did.")
+
+
 class RunList(BaseModel):
-    runs: list[Run]
+    runs: list[RunSummary] = Field(..., description="One page of runs, oldest first.")
+    total: int = Field(..., description="Runs matching the query, over all pages.")
+    offset: int = Field(..., description="Index of the first run of this page.")
+    limit: int = Field(..., description="Page size asked for.")
 
 
 class MetricsList(BaseModel):

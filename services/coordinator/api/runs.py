@@ -13,7 +13,16 @@ from fastapi.responses import StreamingResponse
 
 from services.common.messages import shown
 from services.coordinator.api.deps import ManagerDep, RunDep, StoreDep
-from services.coordinator.api.models import EpisodeList, EvalList, MetricsList, Run, RunCreate, RunList
+from services.coordinator.api.errors import RUN_RESPONSES
+from services.coordinator.api.models import (
+    EpisodeList,
+    EvalList,
+    MetricsList,
+    Run,
+    RunCreate,
+    RunList,
+    RunSummary,
+)
 from services.coordinator.manager import TransitionError
 from services.coordinator.store import TERMINAL
 
@@ -27,8 +36,11 @@ async def _with_latest(store: StoreDep, run: dict) -> Run:  # type: ignore[type-
     return Run(**run, latest_metrics=metrics[-1] if metrics else None, latest_eval=evals[-1] if evals else None)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=Run)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=Run,
+             responses={409: RUN_RESPONSES[409]})
 async def create_run(body: RunCreate, store: StoreDep, manager: ManagerDep) -> Run:
+    """Records and starts a run. Its endpoints must be addresses the coordinator is configured with,
+    its model under the shared root or allowed (422 otherwise)."""
     try:
         run = await manager.create(body.config)
     except TransitionError as exc:
@@ -43,20 +55,30 @@ async def list_runs(
                                                 "(eventbridge, s3-notification, sns, inbox)")] = None,
     trigger_bucket: Annotated[str | None, Query(description="runs an object of this bucket started")] = None,
     trigger_key: Annotated[str | None, Query(description="runs this object key (inbox: file name) started")] = None,
+    state: Annotated[str | None, Query(description="only runs in this state")] = None,
+    offset: Annotated[int, Query(ge=0, description="skip this many runs (oldest first)")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000, description="page size")] = 100,
 ) -> RunList:
+    """Runs, oldest first, a page at a time, without their configs (GET /v1/runs/{id} has them)."""
     wanted = {k: v for k, v in (("source", trigger_source), ("bucket", trigger_bucket), ("key", trigger_key))
               if v is not None}
-    runs = [run for run in await store.list_runs()
-            if not wanted or all((run["trigger"] or {}).get(k) == v for k, v in wanted.items())]
-    return RunList(runs=[await _with_latest(store, run) for run in runs])
+    if wanted or state is not None:
+        matching = [run for run in await store.list_runs()
+                    if all((run["trigger"] or {}).get(k) == v for k, v in wanted.items())
+                    and (state is None or run["state"] == state)]
+        total, page = len(matching), matching[offset:offset + limit]
+    else:
+        total, page = await store.count_runs(), await store.list_runs(offset, limit)
+    summaries = [RunSummary(**{k: v for k, v in run.items() if k != "config"}) for run in page]
+    return RunList(runs=summaries, total=total, offset=offset, limit=limit)
 
 
-@router.get("/{run_id}", response_model=Run)
+@router.get("/{run_id}", response_model=Run, responses={404: RUN_RESPONSES[404]})
 async def get_run(run: RunDep, store: StoreDep) -> Run:
     return await _with_latest(store, run)
 
 
-@router.post("/{run_id}/{action}", response_model=Run)
+@router.post("/{run_id}/{action}", response_model=Run, responses=RUN_RESPONSES)
 async def control_run(action: str, run: RunDep, store: StoreDep, manager: ManagerDep) -> Run:
     handlers = {"stop": manager.stop, "pause": manager.pause, "resume": manager.resume}
     if action not in handlers:
@@ -68,17 +90,17 @@ async def control_run(action: str, run: RunDep, store: StoreDep, manager: Manage
     return await _with_latest(store, await store.get_run(run["id"]))
 
 
-@router.get("/{run_id}/metrics", response_model=MetricsList)
+@router.get("/{run_id}/metrics", responses={404: RUN_RESPONSES[404]}, response_model=MetricsList)
 async def run_metrics(run: RunDep, store: StoreDep) -> MetricsList:
     return MetricsList(metrics=await store.metrics(run["id"]))
 
 
-@router.get("/{run_id}/evals", response_model=EvalList)
+@router.get("/{run_id}/evals", responses={404: RUN_RESPONSES[404]}, response_model=EvalList)
 async def run_evals(run: RunDep, store: StoreDep) -> EvalList:
     return EvalList(evals=await store.evals(run["id"]))
 
 
-@router.get("/{run_id}/episodes", response_model=EpisodeList)
+@router.get("/{run_id}/episodes", responses={404: RUN_RESPONSES[404]}, response_model=EpisodeList)
 async def run_episodes(
     run: RunDep, store: StoreDep,
     kind: Annotated[str | None, Query(description="train or eval")] = None,
@@ -93,7 +115,7 @@ async def run_episodes(
     return EpisodeList(episodes=episodes[:limit])
 
 
-@router.get("/{run_id}/episodes/{episode_id}")
+@router.get("/{run_id}/episodes/{episode_id}", responses={404: RUN_RESPONSES[404]})
 async def run_episode(episode_id: str, run: RunDep, store: StoreDep) -> dict:  # type: ignore[type-arg]
     episode = await store.episode(run["id"], episode_id)
     if episode is None:
@@ -101,7 +123,7 @@ async def run_episode(episode_id: str, run: RunDep, store: StoreDep) -> dict:  #
     return episode
 
 
-@router.get("/{run_id}/events")
+@router.get("/{run_id}/events", responses={404: RUN_RESPONSES[404]})
 async def run_events(
     run: RunDep, store: StoreDep,
     follow: Annotated[bool, Query(description="keep streaming until the run ends")] = True,

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
+from services.coordinator import prometheus
 from services.coordinator.api.deps import StoreDep
 from services.coordinator.api.models import Health
-from services.coordinator.store import RunState
 
 router = APIRouter(tags=["system"])
 
@@ -29,25 +29,5 @@ async def readyz(store: StoreDep, response: Response) -> Health:
 
 @router.get("/metrics")
 async def metrics(store: StoreDep) -> Response:
-    """Prometheus metrics computed from the run store at scrape time."""
-    registry = CollectorRegistry()
-    runs_by_state = Gauge("mmrl_runs", "Runs by state", ["state"], registry=registry)
-    step = Gauge("mmrl_run_step", "Steps completed", ["run_id"], registry=registry)
-    solve = Gauge("mmrl_run_eval_greedy_solve_rate", "Latest greedy eval solve rate", ["run_id"],
-                  registry=registry)
-    reward = Gauge("mmrl_run_reward_mean", "Mean reward of the latest step", ["run_id"], registry=registry)
-    counts = dict.fromkeys((s.value for s in RunState), 0)
-    if await store.ping():
-        for run in await store.list_runs():
-            counts[run["state"]] += 1
-            step.labels(run["id"]).set(run["step"])
-            if run["state"] in (RunState.RUNNING, RunState.PAUSED):
-                evals = await store.evals(run["id"])
-                if evals:
-                    solve.labels(run["id"]).set(evals[-1]["greedy_solve_rate"])
-                steps = await store.metrics(run["id"])
-                if steps:
-                    reward.labels(run["id"]).set(steps[-1]["reward/mean"])
-    for state, count in counts.items():
-        runs_by_state.labels(state).set(count)
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    """Prometheus metrics: the runs in the store (at scrape time) and this process's (docs/observability.md)."""
+    return Response(await prometheus.render(store), media_type=CONTENT_TYPE_LATEST)

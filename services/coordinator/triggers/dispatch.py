@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from services.common.config_files import parse_config_text
+from services.coordinator.admission import NotAllowed
 from services.coordinator.config import RunConfig, load_run_config
 from services.coordinator.manager import RunManager, TransitionError
 from services.coordinator.store import AlreadyClaimed, RunStore
@@ -94,6 +95,8 @@ class Triggers:
             return await self._duplicate(event, exc.run_id, rule)
         except TransitionError as exc:
             return await self.reject(event, 409, str(exc), rule)
+        except NotAllowed as exc:
+            return await self.reject(event, 422, str(exc), rule)
         return await self.log.add(TriggerOutcome(outcome="started", status_code=201, run_id=run["id"], rule=rule,
                                                  event=event.record()))
 

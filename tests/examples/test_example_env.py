@@ -1,0 +1,100 @@
+"""The example env (examples/brighter/server.py) as a real process: it passes `mmrl env check`, and
+a short GRPO run trains on it through the real coordinator, rollout (vLLM CPU) and learner, its
+episodes mixing text-only turns and two-image turns."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mmrl.cli.run import ApiClient, load_config_dict
+from mmrl.cli.stack import Stack, StackConfig
+from services.common.grpc_server import check_health
+from services.common.procs import free_port, stop_process
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "brighter"
+
+
+@pytest.fixture(scope="module")
+def example_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The example server started as its README says, on a free port; yields its address."""
+    address = f"127.0.0.1:{free_port()}"
+    log = tmp_path_factory.mktemp("example-env") / "server.log"
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen([sys.executable, str(EXAMPLE / "server.py"), "--port", address.split(":")[1]],
+                                stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not asyncio.run(check_health(address)):
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the example server did not become healthy in 60 s"
+            time.sleep(0.2)
+        yield address
+    finally:
+        stop_process(proc)
+
+
+def test_the_example_env_passes_mmrl_env_check(example_env: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "mmrl.cli.main", "env", "check", example_env, "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["passed"] is True and len(report["checks"]) == 18
+    observations = next(c for c in report["checks"] if c["name"] == "observations")
+    assert observations["detail"] == "5 observations (0 images: 3, 2 images: 2); sizes 32x32"
+
+
+def test_the_example_run_config_is_valid_and_expects_the_example_env() -> None:
+    config = load_config_dict(EXAMPLE / "run.yaml", {})
+    assert config["env"]["name"] == "brighter" and config["endpoints"]["env"] == ["127.0.0.1:50061"]
+
+
+def _wait(api: ApiClient, run_id: str, timeout_s: float = 900) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = api.run(run_id)
+        if run["state"] in ("succeeded", "failed", "stopped"):
+            return run
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting on run {run_id}: {api.run(run_id)}")
+
+
+@pytest.mark.slow
+def test_a_grpo_run_trains_on_the_example_env_through_the_real_coordinator(
+    example_env: str, tiny_model_dir: Path, tmp_path: Path,
+) -> None:
+    config = load_config_dict(EXAMPLE / "run.yaml", {
+        "model": str(tiny_model_dir), "endpoints.env": [example_env], "steps": 2, "checkpoint_interval": 2,
+        "grpo.group_size": 2, "grpo.mazes_per_step": 2, "eval.max_tasks": 4, "eval.sampled_samples": 1,
+        "eval.interval": 100, "optim.micro_batch_size": 4, "frames.train": "all",
+    })
+    with Stack(StackConfig(model=tiny_model_dir, state_dir=tmp_path)) as stack:
+        stack.start(("rollout", "learner", "coordinator"), log=False)  # no maze env: the run names its own
+        api = stack.client()
+        run = _wait(api, api.start(config)["id"])
+        assert run["state"] == "succeeded", run["failure_reason"]
+        run_id = run["id"]
+        metrics = api.request("GET", f"/v1/runs/{run_id}/metrics")["metrics"]
+        train = api.request("GET", f"/v1/runs/{run_id}/episodes", params={"kind": "train"})["episodes"]
+        evals = api.request("GET", f"/v1/runs/{run_id}/evals")["evals"]
+
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert [m["train/num_trajectories"] for m in metrics] == [4, 4]
+    # The learner's log-probs of the sampled tokens, over text-only and two-image turns, match vLLM's.
+    assert all(m["train/logprob_abs_diff_vs_rollout"] < 1e-3 for m in metrics), metrics
+    assert len(train) == 2 * 2 * 2
+    for episode in train:
+        # 4 questions, one per turn: turns 0 and 2 text-only, turns 1 and 3 two images each.
+        assert len(episode["actions"]) == 4 and episode["moves"] == 4
+        assert len(episode["frames"]) == 4
+    assert [e["step"] for e in evals] == [0, 2]
+    assert all(0.0 <= e["greedy_solve_rate"] <= 1.0 and e["episodes"] == 4 for e in evals)

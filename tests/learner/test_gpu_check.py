@@ -1,0 +1,73 @@
+"""scripts/gpu-check.sh: it refuses at once without CUDA, and its whole code path runs on the CPU
+with a tiny model in an environment like the GPU machine's (no pydantic, protobuf, gRPC, vLLM or
+torchvision)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# What the GPU machine lacks: importing any of them there fails, so here they are made to fail too.
+ABSENT = ("pydantic", "pydantic_settings", "grpc", "google.protobuf", "vllm", "fastapi", "redis", "torchvision")
+BLOCKED = (
+    "import runpy, sys\n"
+    f"for name in {ABSENT!r}:\n"
+    "    sys.modules[name] = None\n"
+    "sys.argv = ['gpu-check', *sys.argv[1:]]\n"
+    "runpy.run_module('services.learner.gpu_check', run_name='__main__')\n"
+)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+
+
+def test_without_cuda_the_check_stops_at_once_with_one_line_naming_cuda() -> None:
+    start = time.monotonic()
+    done = subprocess.run([str(REPO / "scripts" / "gpu-check.sh")], env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "CUDA is not available" in lines[0], done.stderr
+    assert done.stdout == ""
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.slow
+def test_the_whole_check_runs_on_a_tiny_model_on_the_cpu_without_the_services_dependencies() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKED, "--device", "cpu", "--tiny", "--groups", "2", "--group-size", "2",
+         "--turns", "2", "--steps", "1", "--time-limit-s", "300"],
+        env=_env(), capture_output=True, text=True, timeout=400, cwd=REPO,
+    )
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0 and report["ok"], (report, done.stderr[-3000:])
+    assert report["backend"] == "gloo" and report["device"] == "cpu"
+    assert [phase["activation_checkpointing"] for phase in report["learner"]] == [False, True]
+    for phase in report["learner"]:
+        assert phase["finite"] and phase["grad_norm"] > 0 and phase["train_tokens_per_s"] > 0
+    # bfloat16 costs log-prob precision, and by a bounded amount
+    assert 0 < report["logprob_abs_diff_bf16_vs_fp32"] < 0.1
+    assert report["loader"] == {**report["loader"], "ok": True, "max_abs_diff": 0.0}
+    assert report["vllm"]["skipped"] and "vllm is not installed" in report["vllm"]["reason"]
+
+
+def test_the_check_runs_with_the_learners_run_defaults() -> None:
+    from services.common.training import TrainSettings
+    from services.learner.gpu_check import RUN_DEFAULTS
+
+    assert RUN_DEFAULTS == TrainSettings().model_dump()
+
+
+def test_the_time_limit_interrupts_a_check_that_overruns_it() -> None:
+    from services.learner import gpu_check
+
+    with pytest.raises(gpu_check.CheckTimeout, match="time limit of 0 s"), gpu_check.time_limit(0.05):
+        time.sleep(1)
