@@ -90,3 +90,18 @@ def test_the_rollout_service_is_started_with_slots_for_the_adapters_rank(tmp_pat
 
     assert rollout_flags(0) == [] and rollout_flags(16) == []  # the service's default holds them
     assert rollout_flags(24) == ["--max-lora-rank", "32"] and rollout_flags(64) == ["--max-lora-rank", "64"]
+
+
+@pytest.mark.parametrize("extra", [["--env-name", "sokoban", "--seeds", "1-3"],
+                                   ["--eval-set", "sokoban-64", "--held-out", "4"]])
+def test_maze_seeds_with_another_eval_set_are_refused_before_any_service_starts(
+        tmp_path: Path, no_stack: None, extra: list[str]) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match="--seeds and --held-out are maze seeds"):
+        eval_cli.main(["--model", str(tmp_path), *extra])
+
+
+def test_the_stack_serves_the_environment_it_is_given(tmp_path: Path) -> None:
+    maze = eval_cli.Stack(eval_cli.StackConfig(model=tmp_path)).command("env")
+    sokoban = eval_cli.Stack(eval_cli.StackConfig(model=tmp_path, env_name="sokoban")).command("env")
+    assert "--env" not in maze and sokoban[-2:] == ["--env", "sokoban"]

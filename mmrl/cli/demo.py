@@ -1,6 +1,7 @@
 """`mmrl demo`: the main job. Builds the tiny model, runs (or reuses) the SFT warm start, starts the
 stack, runs GRPO through the REST API with live progress, and writes the learning curve (JSON +
-PNG), a solved eval episode as an image strip, and a summary."""
+PNG), a solved eval episode as an image strip, and a summary. `--env sokoban` does the same on
+Sokoban (docs/sokoban.md) with its own configs, SFT checkpoint and output directory."""
 
 from __future__ import annotations
 
@@ -17,10 +18,19 @@ from mmrl.cli.sft import load_sft_config, run_sft
 from mmrl.cli.stack import Stack, StackConfig
 from mmrl.cli.up import DEFAULT_MODEL, ensure_tiny_model
 
+# --env NAME: (GRPO run config, SFT config, output directory).
+ENV_CONFIGS = {
+    "maze": (Path("configs/maze-tiny-cpu.yaml"), Path("configs/sft-tiny.yaml"), Path("outputs/demo")),
+    "sokoban": (Path("configs/sokoban-tiny-cpu.yaml"), Path("configs/sft-sokoban-tiny.yaml"),
+                Path("outputs/demo-sokoban")),
+}
+
 
 def sft_checkpoint(args: argparse.Namespace, base_model: Path) -> tuple[Path, float, dict[str, Any]]:
     """The SFT start: reused when a checkpoint of the same config exists, else trained now."""
-    config = load_sft_config(args.sft_config, args.state_dir / "models" / "sft", base_model.resolve())
+    # Each environment's SFT has a directory of its own: another env's would replace the maze's cached start.
+    name = "sft" if args.env == "maze" else f"sft-{args.env}"
+    config = load_sft_config(args.sft_config, args.state_dir / "models" / name, base_model.resolve())
     out = Path(config.out)
     report_path = out / "sft_report.json"
     if report_path.is_file():
@@ -62,17 +72,26 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl demo", description=__doc__)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL,
                         help="base model (the tiny model is built there if missing)")
-    parser.add_argument("--sft-config", type=Path, default=Path("configs/sft-tiny.yaml"), help="SFT config of the warm start")
+    parser.add_argument("--env", choices=sorted(ENV_CONFIGS), default="maze",
+                        help="the environment: picks the default --config, --sft-config and --out (default maze)")
+    parser.add_argument("--sft-config", type=Path,
+                        help="SFT config of the warm start (default: configs/sft-tiny.yaml for the maze, "
+                             "configs/sft-sokoban-tiny.yaml for sokoban)")
     parser.add_argument("--sft-model", type=Path, help="start GRPO from this model directory instead of running SFT")
-    parser.add_argument("--config", type=Path, default=Path("configs/maze-tiny-cpu.yaml"), help="GRPO run config")
+    parser.add_argument("--config", type=Path,
+                        help="GRPO run config (default: configs/maze-tiny-cpu.yaml, configs/sokoban-tiny-cpu.yaml)")
     add_overrides(parser, "run config")
     parser.add_argument("--steps", type=int, help="GRPO steps (overrides the run config)")
     parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/demo"), help="models, logs, shared root")
-    parser.add_argument("--out", type=Path, default=Path("outputs/demo"), help="where the results go")
+    parser.add_argument("--out", type=Path, help="where the results go (default: outputs/demo, outputs/demo-sokoban)")
     parser.add_argument("--budget-min", type=float, default=30.0,
                         help="also report the last eval within this many minutes of GRPO (default 30)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
+    run_config, sft_config, out = ENV_CONFIGS[args.env]
+    args.config = args.config or run_config
+    args.sft_config = args.sft_config or sft_config
+    args.out = args.out or out
     if args.budget_min <= 0:
         parser.error(f"--budget-min must be positive, got {args.budget_min}")
 
@@ -94,7 +113,7 @@ def main(argv: list[str]) -> int:
     write_json(args.out / "run_config.json", config)
 
     stack = Stack(StackConfig(model=sft_model.resolve(), state_dir=args.state_dir, lora_rank=config["lora"]["rank"],
-                              resume_runs=False))
+                              resume_runs=False, env_name=args.env))
     with stack:
         stack.start()
         api = stack.client()
@@ -112,7 +131,8 @@ def main(argv: list[str]) -> int:
     curve = learning_curve(evals, metrics)
     write_json(args.out / "curve.json", curve)
     if evals:
-        plot_curve(curve, args.out / "curve.png", f"GRPO from SFT, {evals[0]['episodes']} fixed eval mazes")
+        kind = "mazes" if args.env == "maze" else f"{args.env} levels"
+        plot_curve(curve, args.out / "curve.png", f"GRPO from SFT, {evals[0]['episodes']} fixed eval {kind}")
     if final["state"] != "succeeded":
         # What the run measured is kept: the curve so far, and its adapters under the shared root.
         reason = f": {final['failure_reason']}" if final.get("failure_reason") else ""
@@ -156,7 +176,8 @@ def main(argv: list[str]) -> int:
         "solved_episode_png": str(strip.resolve()) if strip else None,
     }
     write_json(args.out / "summary.json", summary)
-    print(f"\neval solve rate (greedy, {evals[0]['episodes']} mazes): {summary['start_solve_rate']:.3f} at step 0"
+    tasks = "mazes" if args.env == "maze" else "levels"
+    print(f"\neval solve rate (greedy, {evals[0]['episodes']} {tasks}): {summary['start_solve_rate']:.3f} at step 0"
           f" -> {summary['end_solve_rate']:.3f} at step {last_step}")
     if within:
         print(f"within {args.budget_min:g} min of GRPO: {within['greedy_solve_rate']:.3f} at step "

@@ -2,6 +2,9 @@
 mazes or on a seed range, through the env and rollout services (started locally unless their
 addresses are given).
 
+`--env-name sokoban` evaluates on Sokoban (its default eval set, or `--eval-set sokoban-held-out-128`:
+levels no training plays, outside the fixed set; docs/sokoban.md).
+
 `--held-out N`: N mazes that no training ever plays and the fixed set does not hold: distinct
 layouts reserved for eval sets (docs/env.md), from seed 1,900,000 (`HELD_OUT_FIRST_SEED`) on. A
 `--seeds` range is played as it is: most of its layouts are training layouts too."""
@@ -58,12 +61,14 @@ async def evaluate(
     env_addr: str, rollout_addr: str, model: Path, *, size: str = "easy", seeds: Sequence[int] | None = None,
     maze: tuple[int, int] | None = None, adapter: tuple[str, int, str] | None = None, samples: int = 0,
     temperature: float = 1.0, max_tokens: int = 4, system_prompt: str = DEFAULT_SYSTEM_PROMPT,
-    keep_frames: bool = False,
+    keep_frames: bool = False, eval_set: str | None = None,
 ) -> tuple[dict[str, Any], list[Any]]:
     """Greedy (and optionally sampled) evaluation; `adapter` is (run_id, version, path) to load first.
-    `seeds` are played with the grid and move limit of the `size` preset, or with `maze` = (grid, max_moves)."""
-    name = PRESETS[size]
-    grid, max_moves = maze or (RECIPES[name].size, RECIPES[name].max_moves)
+    `seeds` are played with the grid and move limit of the `size` preset, or with `maze` = (grid, max_moves).
+    `eval_set` names the env's eval set to play instead of the `size` preset's ("" = the env's default)."""
+    name = PRESETS[size] if eval_set is None else eval_set
+    preset = RECIPES[PRESETS[size]]  # the seeds' grid and budget, and the turn limit of specs without one
+    grid, max_moves = maze or (preset.size, preset.max_moves)
     services = Services.connect([env_addr], [rollout_addr], "127.0.0.1:1", CallPolicy(timeout_s=600, retries=2))
     try:
         if seeds is None:
@@ -109,6 +114,11 @@ def main(argv: list[str]) -> int:
     mazes_from.add_argument("--held-out", type=int, metavar="N",
                             help="N mazes never trained on, outside the fixed set, instead of it")
     mazes_from.add_argument("--seeds", help="A-B: evaluate on this seed range instead of the fixed set")
+    parser.add_argument("--env-name", choices=("maze", "sokoban"), default="maze",
+                        help="the environment of the env service started (without --env); not the maze: its "
+                             "default eval set unless --eval-set names one (docs/sokoban.md)")
+    parser.add_argument("--eval-set", help="an eval set of the env service by name instead of the --size preset's "
+                                           "(e.g. sokoban-held-out-128)")
     parser.add_argument("--samples", type=int, default=0, help="sampled episodes per maze besides greedy")
     parser.add_argument("--temperature", type=float, default=1.0, help="temperature of sampled episodes")
     parser.add_argument("--max-tokens", type=int, default=4,
@@ -130,13 +140,16 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"--max-tokens {args.max_tokens}: must be 1 or more")
     if args.held_out is not None and args.held_out < 1:
         raise SystemExit(f"--held-out {args.held_out}: must be 1 or more")
+    eval_set = args.eval_set if args.eval_set is not None else (None if args.env_name == "maze" else "")
+    if eval_set is not None and (args.seeds or args.held_out):
+        raise SystemExit("--seeds and --held-out are maze seeds: not with --eval-set or --env-name sokoban")
     seeds: Sequence[int] | None = None  # checked before anything starts
     if args.seeds:
         seeds = parse_seeds(args.seeds)
     elif args.held_out:
         seeds = held_out_seeds(args.size, args.held_out)
     mazes = len(seeds) if seeds is not None else RECIPES[PRESETS[args.size]].num_tasks
-    if max(mazes, mazes * args.samples) > MAX_EPISODES:  # the greedy and the sampled episodes: one call each
+    if eval_set is None and max(mazes, mazes * args.samples) > MAX_EPISODES:  # the greedy and the sampled episodes: one call each
         raise SystemExit(f"{mazes} mazes x --samples {args.samples} is {mazes * args.samples} sampled episodes at "
                          f"once; the env service creates at most {MAX_EPISODES} in one call: fewer mazes or samples")
 
@@ -146,7 +159,8 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"--adapter {args.adapter}: {exc}") from exc
 
     started = time.perf_counter()
-    stack = Stack(StackConfig(model=args.model.resolve(), state_dir=args.state_dir, lora_rank=lora_rank))
+    stack = Stack(StackConfig(model=args.model.resolve(), state_dir=args.state_dir, lora_rank=lora_rank,
+                              env_name=args.env_name))
     try:
         needed = tuple(s for s, given in (("env", args.env), ("rollout", args.rollout)) if not given)
         if needed:
@@ -155,7 +169,7 @@ def main(argv: list[str]) -> int:
         summary, _ = asyncio.run(evaluate(
             args.env or stack.address("env"), args.rollout or stack.address("rollout"), args.model,
             size=args.size, seeds=seeds, adapter=adapter,
-            samples=args.samples, temperature=args.temperature, max_tokens=args.max_tokens))
+            samples=args.samples, temperature=args.temperature, max_tokens=args.max_tokens, eval_set=eval_set))
     finally:
         stack.stop()
     result = {

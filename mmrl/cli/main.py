@@ -25,7 +25,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("init-model",): ("services.common.tiny_model", "build a random-initialised tiny Qwen3-VL model"),
     ("sft",): ("mmrl.cli.sft", "supervised warm start on BFS-optimal maze conversations"),
     ("export",): ("mmrl.cli.export", "merge a trained adapter into its base as a standalone HF model"),
-    ("serve", "env"): ("services.env.main", "serve the maze environment over gRPC"),
+    ("serve", "env"): ("services.env.main", "serve an environment (maze, sokoban) over gRPC"),
     ("serve", "rollout"): ("services.rollout.main", "serve vLLM generation over gRPC"),
     ("serve", "learner"): ("services.learner.main", "serve the GRPO learner over gRPC (torchrun)"),
     ("serve", "coordinator"): ("services.coordinator.main", "serve the REST API and run loop"),

@@ -1,5 +1,6 @@
-"""`mmrl sft --config FILE`: supervised warm start on BFS-optimal maze conversations, then the
-greedy solve rate of the saved model on the fixed eval set (through the env and rollout services).
+"""`mmrl sft --config FILE`: supervised warm start on the oracle's conversations (the maze's BFS, or
+another env's, e.g. configs/sft-sokoban-tiny.yaml), then the greedy solve rate of the saved model on
+the env's fixed eval set (through the env and rollout services).
 `mmrl sft export --config FILE --out FILE.jsonl`: the same conversations as a chat dataset (JSONL +
 PNG frames) that Hugging Face datasets and TRL's SFT trainer read (services/learner/sft_export.py)."""
 
@@ -34,7 +35,7 @@ def run_sft(config: Any, state_dir: Path, evaluate_after: bool = True, quiet: bo
     from services.learner.sft import train_sft
 
     say = (lambda _msg: None) if quiet else (lambda msg: print(msg, flush=True))
-    stack = Stack(StackConfig(model=Path(config.out).resolve(), state_dir=state_dir))
+    stack = Stack(StackConfig(model=Path(config.out).resolve(), state_dir=state_dir, env_name=config.env))
     try:
         stack.start(("env",), log=not quiet)
         check = validation_check(stack, config) if config.stop_above is not None else None
@@ -45,10 +46,11 @@ def run_sft(config: Any, state_dir: Path, evaluate_after: bool = True, quiet: bo
             stack.config.model = Path(config.out).resolve()
             stack.start(("rollout",), log=not quiet)
             summary, _ = asyncio.run(evaluate(stack.address("env"), stack.address("rollout"), Path(config.out),
-                                              samples=0, system_prompt=config.system_prompt))
+                                              samples=0, system_prompt=config.system_prompt,
+                                              eval_set=None if config.env == "maze" else ""))
             report["eval"] = summary
             say(f"sft eval: greedy solve rate {summary['greedy_solve_rate']:.4f} on "
-                f"{summary['episodes']} eval mazes")
+                f"{summary['episodes']} eval tasks")
             report_path = Path(config.out) / "sft_report.json"
             report_path.write_text(json.dumps(report, indent=2))
     finally:
@@ -89,7 +91,7 @@ def export_conversations(config: Any, out: Path, state_dir: Path, quiet: bool = 
     from transformers import AutoConfig
 
     spec = ModelSpec.from_config(AutoConfig.from_pretrained(config.base_model))
-    stack = Stack(StackConfig(model=Path(config.base_model).resolve(), state_dir=state_dir))
+    stack = Stack(StackConfig(model=Path(config.base_model).resolve(), state_dir=state_dir, env_name=config.env))
     try:
         stack.start(("env",), log=not quiet)
         data = expert_conversations(stack.address("env"), config, processor.tokenizer,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -85,6 +85,8 @@ class ServerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="MMRL_ENV_", extra="forbid", use_attribute_docstrings=True)
 
+    env: Literal["maze", "sokoban"] = "maze"
+    """The environment served: "maze" (docs/env.md) or "sokoban" (docs/sokoban.md) (MMRL_ENV_ENV)."""
     host: str = "0.0.0.0"
     """Address to listen on (MMRL_ENV_HOST)."""
     port: int = Field(default=50051, ge=0, le=65535)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from services.common.maze import eval_seeds, generate_maze, is_eval_seed
@@ -62,19 +63,27 @@ class EvalSet:
     specs: tuple[EpisodeSpec, ...]
 
 
-def content_hash(specs: tuple[EpisodeSpec, ...] | list[EpisodeSpec]) -> str:
-    """sha256 over every spec (canonical JSON) and its generated layout."""
+def hash_tasks(specs: Sequence[EpisodeSpec], layout_text: Callable[[EpisodeSpec], str]) -> str:
+    """sha256 over every spec (canonical JSON) and the text of its generated task (`layout_text`)."""
     digest = hashlib.sha256()
-    config = EnvConfig()
     for spec in specs:
-        settings = parse_spec(spec, config)
-        maze = generate_maze(settings.seed, settings.size, settings.start, settings.goal)
         record = {"seed": spec.seed, "max_moves": spec.max_moves, "options": dict(sorted(spec.options.items()))}
         digest.update(json.dumps(record, sort_keys=True).encode())
         digest.update(b"\n")
-        digest.update(maze.layout_text().encode())
+        digest.update(layout_text(spec).encode())
         digest.update(b"\n")
     return digest.hexdigest()
+
+
+def content_hash(specs: Sequence[EpisodeSpec]) -> str:
+    """sha256 over every spec (canonical JSON) and its generated layout."""
+    config = EnvConfig()
+
+    def layout_text(spec: EpisodeSpec) -> str:
+        settings = parse_spec(spec, config)
+        return generate_maze(settings.seed, settings.size, settings.start, settings.goal).layout_text()
+
+    return hash_tasks(specs, layout_text)
 
 
 @functools.cache

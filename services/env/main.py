@@ -1,4 +1,4 @@
-"""`mmrl serve env`: serve the maze environment over gRPC.
+"""`mmrl serve env`: serve an environment over gRPC (`--env maze`, the default, or `--env sokoban`).
 
 Every option is also an environment variable (`config.ServerSettings`, MMRL_ENV_*); flags override
 them. The environment's limits come from a YAML or TOML file (`--config`, `config.EnvConfig`), and
@@ -18,12 +18,13 @@ from services.common.logging import setup_logging
 from services.common.messages import summary
 from services.common.metrics import start_observability
 from services.common.settings_cli import add_model_options, given_values, settings_from
+from services.env.batched import Environment
 from services.env.config import EnvConfig, ServerSettings
 from services.env.environment import MazeEnv
 from services.env.servicer import SERVICE_NAME, EnvServicer
 
 
-async def serve(address: str, env: MazeEnv) -> None:
+async def serve(address: str, env: Environment) -> None:
     servicer = EnvServicer(env)
     running = await start_server(
         lambda server: env_pb2_grpc.add_EnvServiceServicer_to_server(servicer, server), SERVICE_NAME, address
@@ -44,9 +45,16 @@ def main(argv: list[str]) -> int:
     settings = settings_from(ServerSettings, given_values(args, ServerSettings))
     config = load_model_file(EnvConfig, settings.config_file, given_values(args, EnvConfig, "config."))
     log = setup_logging("env", settings.log_level)
-    log.info("starting env service", extra={"config": config.model_dump()})
+    log.info("starting env service", extra={"env": settings.env, "config": config.model_dump()})
+    env: Environment
+    if settings.env == "sokoban":
+        from services.env.sokoban.env import SokobanEnv
+
+        env = SokobanEnv(config)
+    else:
+        env = MazeEnv(config)
     start_observability("env", settings.metrics_port, settings.tracing, settings.host)
-    asyncio.run(serve(f"{settings.host}:{settings.port}", MazeEnv(config)))
+    asyncio.run(serve(f"{settings.host}:{settings.port}", env))
     return 0
 
 

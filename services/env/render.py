@@ -38,7 +38,6 @@ COLOURS: dict[int, tuple[int, int, int]] = {
 }
 ZLIB_LEVEL = 1
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_PLTE = b"".join(bytes(COLOURS[index]) for index in range(len(COLOURS)))
 
 
 def frame_side(size: int, unit_px: int) -> int:
@@ -55,8 +54,17 @@ def _chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
 
-def encode_png(indices: np.ndarray) -> bytes:
-    """An 8-bit palette PNG (the module's palette) of a (height, width) uint8 index array."""
+def palette_bytes(colours: dict[int, tuple[int, int, int]]) -> bytes:
+    """The PLTE chunk data of `colours` (indices 0..len-1)."""
+    return b"".join(bytes(colours[index]) for index in range(len(colours)))
+
+
+_PLTE = palette_bytes(COLOURS)
+
+
+def encode_png(indices: np.ndarray, palette: bytes | None = None) -> bytes:
+    """An 8-bit palette PNG of a (height, width) uint8 index array, with `palette` (`palette_bytes`;
+    default: the maze's colours)."""
     height, width = indices.shape
     raw = np.zeros((height, width + 1), dtype=np.uint8)  # column 0: filter type 0 (None) per row
     raw[:, 1:] = indices
@@ -64,7 +72,7 @@ def encode_png(indices: np.ndarray) -> bytes:
     return b"".join((
         _PNG_SIGNATURE,
         _chunk(b"IHDR", header),
-        _chunk(b"PLTE", _PLTE),
+        _chunk(b"PLTE", _PLTE if palette is None else palette),
         _chunk(b"IDAT", zlib.compress(raw.tobytes(), ZLIB_LEVEL)),
         _chunk(b"IEND", b""),
     ))

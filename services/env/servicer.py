@@ -1,4 +1,4 @@
-"""The gRPC EnvService: a thin translation between protos and `MazeEnv`.
+"""The gRPC EnvService: a thin translation between protos and an `Environment` (`MazeEnv`, `SokobanEnv`).
 
 A refused request is answered with `context.abort(code, message)` (INVALID_ARGUMENT, NOT_FOUND,
 FAILED_PRECONDITION, RESOURCE_EXHAUSTED; see `environment.py`) and changes nothing; the server
@@ -18,7 +18,7 @@ from google.protobuf import struct_pb2
 
 from mmrl.v1 import env_pb2, env_pb2_grpc
 from services.env import metrics
-from services.env.environment import EpisodeView, MazeEnv
+from services.env.batched import Environment, EpisodeView
 from services.env.errors import EnvError
 
 SERVICE_NAME = env_pb2.DESCRIPTOR.services_by_name["EnvService"].full_name  # "mmrl.v1.EnvService"
@@ -66,9 +66,9 @@ def fill_state(state: env_pb2.EpisodeState, episode: EpisodeView) -> None:
 
 
 class EnvServicer(env_pb2_grpc.EnvServiceServicer):
-    """EnvService over one `MazeEnv`."""
+    """EnvService over one environment."""
 
-    def __init__(self, env: MazeEnv) -> None:
+    def __init__(self, env: Environment) -> None:
         self.env = env
         metrics.track_live_episodes(lambda: len(env.store))
 

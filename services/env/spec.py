@@ -88,14 +88,19 @@ def cell_option(options: Mapping[str, str], name: str, default: Cell, n: int, wh
         raise invalid(f"{where}.options.{name}", str(error)) from None
 
 
+def check_options_and_seed(spec: SpecLike, known: tuple[str, ...], where: str) -> None:
+    """Refuses an option not in `known` and a seed outside [0, MAX_SEED) (INVALID_ARGUMENT)."""
+    unknown = sorted(set(spec.options) - set(known))
+    if unknown:
+        raise invalid(f"{where}.options", f"unknown option {shown(unknown[0])} (known: {', '.join(known)})")
+    if not 0 <= spec.seed < MAX_SEED:
+        raise invalid(f"{where}.seed", f"must be in [0, 2**53), got {spec.seed}")
+
+
 def parse_spec(spec: SpecLike, config: EnvConfig, where: str = "spec") -> EpisodeSettings:
     """Validates `spec`; raises EnvError(INVALID_ARGUMENT) naming the field, e.g. `specs[3].options.size`."""
     options = spec.options
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise invalid(f"{where}.options", f"unknown option {shown(unknown[0])} (known: {', '.join(OPTIONS)})")
-    if not 0 <= spec.seed < MAX_SEED:
-        raise invalid(f"{where}.seed", f"must be in [0, 2**53), got {spec.seed}")
+    check_options_and_seed(spec, OPTIONS, where)
 
     size = _int_option(options, "size", config.default_size, where)
     if size % 2 == 0:

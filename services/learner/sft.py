@@ -1,6 +1,11 @@
 """Supervised warm start: expert multi-turn maze conversations from the environment's BFS oracle,
 trained on the action tokens only, with the learner's batch and log-prob code.
 
+Environments. The maze (`env: maze`, the default) plays the training seeds the config names; any
+other environment with an oracle (e.g. `env: sokoban`) plays `num_mazes` training tasks its env
+service draws (GetTrainingTasks, never an eval-set task) with the config's `options`. Frame reading
+and checks (`stop_above`) are maze-only.
+
 Data. Each conversation is played against the env service (gRPC): the system turn, then per turn
 the frame + observation text and the expert action (`info["optimal_action"]`, the BFS oracle's
 next move). With `perturb_prob` > 0 a turn may instead start a detour: 1..`detour_moves` random
@@ -84,7 +89,7 @@ ACTIONS = ("up", "down", "left", "right")
 # the layouts reserved for eval sets (1 took seeds first_seed.. whatever their layouts).
 SFT_DATA_VERSION = 2
 _ADDED_LATER = ("detour_moves", "reading_updates", "reading_batch_size", "stop_above", "check_from", "check_every",
-                "check_mazes", "check_first_seed", "keep")
+                "check_mazes", "check_first_seed", "keep", "env", "options")
 READING_QUESTION = "Which moves are open from your cell?"
 
 
@@ -95,6 +100,14 @@ class SftConfig(BaseModel):
 
     base_model: str = Field(..., description="HF model directory to fine-tune.")
     out: str = Field(..., description="Output model directory (standard HF layout).")
+    env: str = Field(
+        "maze", min_length=1, max_length=100,
+        description="The environment the expert plays (the env service's GetEnvInfo name). 'maze': the maze "
+                    "settings below (size, first_seed, frame reading, checks); any other: num_mazes training "
+                    "tasks the env service draws (GetTrainingTasks, with `options`), no frame reading or checks.")
+    options: dict[str, str] = Field(
+        default_factory=dict, description="Environment settings of every task of an env other than the maze "
+                                          "(must match the GRPO run's env.options).")
     size: int = Field(9, ge=5, le=51, description="Maze grid side (odd).")
     max_moves: int = Field(20, ge=1, description="Move budget of each expert episode.")
     num_mazes: int = Field(
@@ -141,6 +154,12 @@ class SftConfig(BaseModel):
 
     @model_validator(mode="after")
     def _training_seeds_only(self) -> SftConfig:
+        if self.env != "maze":
+            if self.reading_updates or self.stop_above is not None:
+                raise ValueError(f"env {self.env!r}: reading_updates and stop_above are for the maze only")
+            return self  # the env service draws training tasks, never an eval-set task
+        if self.options:
+            raise ValueError("options: the maze's settings are size and max_moves, not options")
         # The mazes skip the layouts reserved for eval sets (about 1 in 8), so they need more seeds
         # than num_mazes: check the seeds the SFT will play.
         try:
@@ -165,7 +184,9 @@ class SftConfig(BaseModel):
         import hashlib
 
         # Fields added later count only when set, so earlier checkpoints keep their fingerprint.
-        added_later = {name for name in _ADDED_LATER if getattr(self, name) == type(self).model_fields[name].default}
+        model_fields = type(self).model_fields
+        added_later = {name for name in _ADDED_LATER
+                       if getattr(self, name) == model_fields[name].get_default(call_default_factory=True)}
         fields = self.model_dump_json(exclude={"out", "save_at", *added_later})
         return hashlib.sha256(f"{SFT_DATA_VERSION}:{fields}".encode()).hexdigest()[:16]
 
@@ -195,6 +216,23 @@ def check_seeds(config: SftConfig) -> list[int]:
     return training_layout_seeds(config.check_first_seed, config.check_mazes, config.size, exclude=trained)
 
 
+def expert_specs(stub: env_pb2_grpc.EnvServiceStub, config: SftConfig) -> list[env_pb2.EpisodeSpec]:
+    """The tasks the expert plays: the maze's training seeds (`maze_seeds`), or for another env
+    `num_mazes` training tasks it draws from the SFT's seed (never one of its eval sets)."""
+    if config.env == "maze":
+        return [env_pb2.EpisodeSpec(seed=s, max_moves=config.max_moves, options={"size": str(config.size)})
+                for s in config.maze_seeds()]
+    info = stub.GetEnvInfo(env_pb2.GetEnvInfoRequest(), timeout=60)
+    if info.name != config.env:
+        raise ValueError(f"the SFT config is for env {config.env!r}; the env service is {info.name!r}")
+    if "oracle" not in info.capabilities:
+        raise ValueError(f"env {info.name!r} has no 'oracle' capability (info.optimal_action): no expert to imitate")
+    reply = stub.GetTrainingTasks(env_pb2.GetTrainingTasksRequest(
+        seed=f"mmrl-sft:{config.seed}", count=config.num_mazes, max_moves=config.max_moves,
+        options=config.options), timeout=300)
+    return list(reply.specs)
+
+
 def expert_conversations(
     env_address: str, config: SftConfig, tokenizer: Any, tokens_per_image: Callable[[bytes], int],
     batch: int = 256,
@@ -203,13 +241,11 @@ def expert_conversations(
     chat = ChatTokens.from_tokenizer(tokenizer)
     rng = random.Random(config.seed)
     trajectories: list[Trajectory] = []
-    maze_seeds = config.maze_seeds()
     with grpc.insecure_channel(env_address) as sync_channel:
         stub = env_pb2_grpc.EnvServiceStub(sync_channel)
-        for first in range(0, len(maze_seeds), batch):
-            seeds = maze_seeds[first:first + batch]
-            specs = [env_pb2.EpisodeSpec(seed=s, max_moves=config.max_moves,
-                                         options={"size": str(config.size)}) for s in seeds]
+        all_specs = expert_specs(stub, config)
+        for first in range(0, len(all_specs), batch):
+            specs = all_specs[first:first + batch]
             created = stub.CreateEpisodes(env_pb2.CreateEpisodesRequest(specs=specs), timeout=120)
             convs = {}
             states = {}

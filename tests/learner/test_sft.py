@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 from collections.abc import Callable
@@ -13,28 +12,13 @@ import pytest
 from pydantic import ValidationError
 
 from services.learner.sft import SftConfig, train_sft
+from tests.learner.env_service import with_env_service
 
 T = TypeVar("T")
 
 
 def _with_env_service(work: Callable[[str], T]) -> T:
-    """Runs `work(address)` in a thread while a real env gRPC service listens on loopback."""
-    from mmrl.v1 import env_pb2_grpc
-    from services.common.grpc_server import start_server
-    from services.env.config import EnvConfig
-    from services.env.environment import MazeEnv
-    from services.env.servicer import SERVICE_NAME, EnvServicer
-
-    async def serve() -> T:
-        servicer = EnvServicer(MazeEnv(EnvConfig()))
-        running = await start_server(lambda s: env_pb2_grpc.add_EnvServiceServicer_to_server(servicer, s),
-                                     SERVICE_NAME, "127.0.0.1:0")
-        try:
-            return await asyncio.to_thread(work, f"127.0.0.1:{running.port}")
-        finally:
-            await running.stop()
-
-    return asyncio.run(serve())
+    return with_env_service(work)
 
 
 def test_sft_data_can_never_reach_the_eval_seed_range() -> None:
