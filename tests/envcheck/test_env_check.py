@@ -17,6 +17,7 @@ from mmrl.v1 import env_pb2_grpc
 from services.common.grpc_server import start_server
 from services.env.environment import MazeEnv
 from services.env.servicer import SERVICE_NAME, EnvServicer
+from services.env.sokoban.env import SokobanEnv
 from tests.envcheck.broken_env import VARIANTS, Servicer
 
 
@@ -37,6 +38,7 @@ def _verdicts(results: list[CheckResult]) -> dict[str, bool]:
 
 SHIPPED: dict[str, Callable[[], Any]] = {
     "maze": lambda: EnvServicer(MazeEnv()),
+    "sokoban": lambda: EnvServicer(SokobanEnv()),
     "brighter-example": Servicer,
 }
 
