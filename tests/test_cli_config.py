@@ -14,8 +14,8 @@ from services.common.config_files import load_model_file
 from services.coordinator.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN_CONFIGS = ["maze-tiny-cpu.yaml", "qwen3-vl-8b-hyperpod.yaml"]
-SFT_CONFIGS = ["sft-tiny.yaml", "sft-tiny-long.yaml"]
+RUN_CONFIGS = ["maze-tiny-cpu.yaml", "qwen3-vl-8b-hyperpod.yaml", "sokoban-tiny-cpu.yaml"]
+SFT_CONFIGS = ["sft-tiny.yaml", "sft-tiny-long.yaml", "sft-sokoban-tiny.yaml"]
 
 
 def _mmrl(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -100,10 +100,10 @@ async def test_rollout_generate_latency_tokens_and_refusals_are_recorded(tmp_pat
 def test_rollout_reports_the_newest_adapter_version_per_run() -> None:
     from services.rollout import metrics
 
-    metrics.adapter_loaded("run-a", 3, 120.0)
-    metrics.adapter_loaded("run-a", 2, 80.0)  # an older version loaded again
+    metrics.adapter_loaded("run-newest", 3, 120.0)
+    metrics.adapter_loaded("run-newest", 2, 80.0)  # an older version loaded again
     samples = scrape()
-    assert value(samples, "mmrl_rollout_adapter_version", run_id="run-a") == 3
+    assert value(samples, "mmrl_rollout_adapter_version", run_id="run-newest") == 3
     assert value(samples, "mmrl_rollout_adapter_load_seconds_count") >= 2
 
 

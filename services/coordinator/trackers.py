@@ -175,9 +175,10 @@ def frame_grid(frames: list[list[str]]) -> Any:
 class Trackers:
     """The trackers of one run; a failing one is dropped with one log line."""
 
-    def __init__(self, run_id: str, trackers: dict[str, Tracker]) -> None:
+    def __init__(self, run_id: str, trackers: dict[str, Tracker], run_dir: Path | None = None) -> None:
         self.run_id = run_id
         self.trackers = trackers
+        self.run_dir = run_dir  # episode records name their frames relative to it
 
     @classmethod
     def open(cls, run_id: str, names: Sequence[str], config: dict[str, Any], shared_root: Path) -> tuple[Trackers, list[str]]:
@@ -201,7 +202,7 @@ class Trackers:
                 problems.append(f"tracker {name} is off: it could not start ({type(exc).__name__}: {exc})")
         for problem in problems:
             log.warning(problem, extra={"run_id": run_id})
-        return cls(run_id, opened), problems
+        return cls(run_id, opened, shared_root / "runs" / run_id), problems
 
     def _each(self, what: str, call: Any) -> None:
         for name, tracker in list(self.trackers.items()):
@@ -218,7 +219,8 @@ class Trackers:
 
     def log_eval(self, step: int, summary: dict[str, Any], episodes: dict[str, dict[str, Any]]) -> None:
         values = scalars(summary)
-        frames = [list(e.get("frames") or []) for _, e in sorted(episodes.items())]
+        base = self.run_dir or Path()
+        frames = [[str(base / f) for f in e.get("frames") or []] for _, e in sorted(episodes.items())]
         self._each("eval", lambda t: t.log_eval(step, values, frames))
 
     def close(self) -> None:

@@ -42,7 +42,8 @@ async def test_tensorboard_files_hold_every_step_metric_and_each_evals_scalars_a
         store: Any, tmp_path: Path) -> None:
     run = await store.create_run("tb-run", "tb", {}, 3)
     recording = await RecordingStore.open(store, run["id"], ["tensorboard"], {}, tmp_path)
-    frames = _frames(tmp_path / "frames", 12)
+    run_dir = tmp_path / "runs" / run["id"]  # episode records name frames relative to the run's directory
+    frames = [str(Path(f).relative_to(run_dir)) for f in _frames(run_dir / "episodes" / "eval_step_000000", 12)]
     await recording.record_eval(run["id"], 0, {"step": 0, "greedy_solve_rate": 0.25, "eval_s": 3.0},
                                 {"eval-0-0": {"frames": frames}, "eval-0-1": {"frames": frames[:3]}})
     for step in (1, 2, 3):

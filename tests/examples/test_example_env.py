@@ -70,8 +70,9 @@ def _wait(api: ApiClient, run_id: str, timeout_s: float = 900) -> dict[str, Any]
 
 @pytest.mark.slow
 def test_a_grpo_run_trains_on_the_example_env_through_the_real_coordinator(
-    example_env: str, tiny_model_dir: Path, tmp_path: Path,
+    example_env: str, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("MMRL_ALLOWED_ENDPOINTS", example_env)  # the coordinator may call the example env
     config = load_config_dict(EXAMPLE / "run.yaml", {
         "model": str(tiny_model_dir), "endpoints.env": [example_env], "steps": 2, "checkpoint_interval": 2,
         "grpo.group_size": 2, "grpo.mazes_per_step": 2, "eval.max_tasks": 4, "eval.sampled_samples": 1,
