@@ -9,7 +9,7 @@ PIP := $(BIN)/pip install --disable-pip-version-check -c requirements/constraint
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint typecheck protos check-protos unit clean system-deps
+.PHONY: setup demo test lint typecheck protos check-protos unit clean system-deps compose-check
 
 setup: $(STAMP) system-deps
 
@@ -42,6 +42,11 @@ typecheck: $(STAMP)
 
 test: setup lint typecheck
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The cpu profile of docker-compose.yml from nothing: engine, images, a short run, restart, teardown
+# (deploy/README.md). Needs root or sudo; prints one JSON line last.
+compose-check:
+	bash scripts/compose-check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
