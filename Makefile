@@ -10,7 +10,7 @@ PIP := $(BIN)/pip install --disable-pip-version-check -c requirements/constraint
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint typecheck protos check-protos unit config-docs clean system-deps
+.PHONY: setup demo test lint typecheck protos check-protos unit config-docs clean system-deps compose-check
 
 setup: $(STAMP) system-deps
 
@@ -51,6 +51,11 @@ unit: $(STAMP)
 # docs/configuration.md from the settings models (tests/test_config_reference.py fails while it is stale).
 config-docs: $(STAMP)
 	$(BIN)/mmrl config docs --out docs/configuration.md
+
+# The cpu profile of docker-compose.yml from nothing: engine, images, a short run, restart, teardown
+# (deploy/README.md). Needs root or sudo; prints one JSON line last.
+compose-check:
+	bash scripts/compose-check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -2,7 +2,8 @@
 
 The runtime contract (ARCHITECTURE "Contracts" and the services' CLI): service names, ports, the
 addresses in MMRL_* variables. Every check reads the files as text or renders them with the real
-tools (kubectl kustomize, docker-compose); nothing here runs a container or talks to a cluster.
+tools (kubectl kustomize, docker compose); nothing here runs a container or talks to a cluster
+(scripts/compose-check.sh builds the images and runs the stack).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ SERVICE_TARGETS = {
     "learner-cpu": "learner",
     "learner-gpu": "learner",
 }
+REDIS_TARGET = "redis"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 # No network for the tools: a remote kustomize base or a registry lookup fails instead of passing.
@@ -61,6 +63,14 @@ def run_tool(name: str, *args: str, cwd: Path = REPO_ROOT) -> str:
     )
     assert proc.returncode == 0, f"{name} {' '.join(args)} failed:\n{proc.stderr}"
     return proc.stdout
+
+
+def run_compose(*args: str, cwd: Path) -> str:
+    """`docker compose ARGS` (Compose v2, the CLI plugin) offline; skips when it is not installed."""
+    docker = shutil.which("docker")
+    if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True).returncode:
+        pytest.skip("docker compose (v2) is not installed, so this static check cannot run")
+    return run_tool("docker", "compose", *args, cwd=cwd)
 
 
 def split_address(address: str) -> tuple[str, int]:

@@ -1,4 +1,4 @@
-"""Static checks of docker-compose.yml: it parses with the real docker-compose for both profiles, and
+"""Static checks of docker-compose.yml: it parses with the real `docker compose` for both profiles, and
 agrees with the runtime contract, the Dockerfile targets and the Kubernetes manifests."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from deploy_contract import (
     containers,
     dockerfile_stages,
     find,
-    run_tool,
+    run_compose,
     settings,
     workloads,
 )
@@ -32,7 +32,7 @@ OBSERVABILITY_SERVICES = {"prometheus", "grafana", "jaeger"}  # profile observab
 
 @pytest.fixture(scope="module")
 def compose_configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Config]:
-    """`docker-compose config` of each profile, resolved the way `up` would see it.
+    """`docker compose config` of each profile, resolved the way `up` would see it.
 
     Run in a copy of the project with .env made from .env.example: the real .env holds a token and
     may not exist."""
@@ -40,13 +40,13 @@ def compose_configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Confi
     shutil.copy(COMPOSE_FILE, project / "docker-compose.yml")
     shutil.copy(ENV_EXAMPLE, project / ".env")
     return {
-        profile: yaml.safe_load(run_tool("docker-compose", "--profile", profile, "config", cwd=project))
+        profile: yaml.safe_load(run_compose("--profile", profile, "config", cwd=project))
         for profile in PROFILES
     }
 
 
 def _active(config: Config, profile: str) -> dict[str, Config]:
-    """The services `up` starts under a profile (docker-compose v1's `config` lists them all)."""
+    """The services `up` starts under a profile."""
     return {
         name: service
         for name, service in config["services"].items()
@@ -88,7 +88,7 @@ def test_every_long_running_compose_service_has_a_healthcheck(
     for name, service in _active(compose_configs[profile], profile).items():
         healthcheck = service.get("healthcheck", {})
         if name in ONE_SHOT_SERVICES:
-            assert service["restart"] == "no" and healthcheck.get("test") == ["NONE"], name
+            assert service["restart"] == "no" and healthcheck.get("disable") is True, name
         else:
             assert healthcheck.get("test", ["NONE"]) != ["NONE"], f"{name} has no healthcheck"
             assert service["restart"] == "unless-stopped", name
@@ -124,7 +124,9 @@ def test_dependents_wait_for_healthy_services_and_for_the_model_to_exist(
     (one_shot,) = ONE_SHOT_SERVICES & set(active)
     for name, service in active.items():
         if _dns_names(name, service) & {"rollout", "learner"}:
-            assert service["depends_on"] == {one_shot: {"condition": "service_completed_successfully"}}
+            assert service["depends_on"] == {
+                one_shot: {"condition": "service_completed_successfully", "required": True}
+            }
 
 
 def test_the_gpu_profile_colocates_rollout_and_learner_on_the_same_device(
@@ -147,21 +149,52 @@ def test_the_gpu_profile_colocates_rollout_and_learner_on_the_same_device(
 def test_every_mmrl_service_mounts_the_shared_volume_and_redis_has_its_own(
     compose_configs: dict[str, Config],
 ) -> None:
-    for name, service in compose_configs["cpu"]["services"].items():
-        if name in OBSERVABILITY_SERVICES:
-            continue
-        if name == "redis":
-            assert service["volumes"] == ["redis-data:/data:rw"]
-            assert service["command"][service["command"].index("--appendonly") + 1] == "yes"
-        else:
-            assert "shared:/shared:rw" in service["volumes"], name
+    for profile in PROFILES:
+        for name, service in compose_configs[profile]["services"].items():
+            if name in OBSERVABILITY_SERVICES:
+                continue
+            mounts = [(v["type"], v["source"], v["target"]) for v in service["volumes"]]
+            if name == "redis":
+                assert mounts == [("volume", "redis-data", "/data")]
+                command = service["command"]
+                assert command[command.index("--appendonly") + 1] == "yes"
+                assert command[command.index("--dir") + 1] == "/data"
+            else:
+                assert ("volume", "shared", "/shared") in mounts, name
+
+
+def test_only_the_coordinator_api_is_published_and_only_on_loopback(compose_configs: dict[str, Config]) -> None:
+    for profile in PROFILES:
+        published = {
+            name: service["ports"] for name, service in compose_configs[profile]["services"].items()
+            if service.get("ports")
+        }
+        assert set(published) == {"coordinator" if profile == "cpu" else "coordinator-gpu"}, profile
+        for port in (p for ports in published.values() for p in ports):
+            assert port["host_ip"] == "127.0.0.1" and port["target"] == CONTRACT_PORTS["coordinator"]
+
+
+def test_every_image_build_gets_the_package_ca_only_as_a_build_secret(compose_configs: dict[str, Config]) -> None:
+    """The secret is empty (/dev/null) unless .env names a bundle in MMRL_PACKAGE_CA."""
+    for profile in PROFILES:
+        config = compose_configs[profile]
+        assert config["secrets"]["package-ca"]["file"] == "/dev/null"
+        for name, service in config["services"].items():
+            assert service["build"]["secrets"] == [{"source": "package-ca"}], name
+            assert "package-ca" not in str(service.get("secrets", "")), name
+            assert not any("CA" in key for key in service["build"].get("args", {})), name
 
 
 def test_the_api_token_comes_only_from_the_env_file(compose_configs: dict[str, Config]) -> None:
     raw = COMPOSE_FILE.read_text()
     assert "MMRL_API_TOKEN" not in raw, "the token belongs in .env, not in docker-compose.yml"
     assert re.search(r"^MMRL_API_TOKEN=", ENV_EXAMPLE.read_text(), re.MULTILINE)
-    coordinators = [s for n, s in compose_configs["cpu"]["services"].items() if n.startswith("coordinator")]
+    coordinators = [
+        service
+        for profile in PROFILES
+        for name, service in compose_configs[profile]["services"].items()
+        if name.startswith("coordinator")
+    ]
     assert len(coordinators) == 2
     for service in coordinators:
         assert "MMRL_API_TOKEN" in service["environment"]  # resolved from env_file: .env
