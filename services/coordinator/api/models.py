@@ -15,26 +15,6 @@ class RunCreate(BaseModel):
     config: RunConfig = Field(..., description="The run configuration (configs/*.yaml as JSON).")
 
 
-class Run(BaseModel):
-    id: str
-    name: str
-    state: str = Field(..., description="pending, running, paused, succeeded, failed or stopped.")
-    step: int = Field(..., description="Steps completed.")
-    steps: int = Field(..., description="Steps the run will take.")
-    created_at: float
-    updated_at: float
-    failure_reason: str = ""
-    checkpoint_step: int
-    adapter_version: int
-    desired: str = Field("", description="A pause or stop requested but not yet applied.")
-    config: dict[str, Any]
-    latest_metrics: dict[str, Any] | None = None
-    latest_eval: dict[str, Any] | None = None
-    trigger: dict[str, Any] | None = Field(
-        None, description="The event that started the run (source, bucket, key, etag or version id, time, rule, "
-                          "dataset); null for a run started by POST /v1/runs.")
-
-
 class RunSummary(BaseModel):
     """A run as listed: its state and progress; the config and latest records are in GET /v1/runs/{id}."""
 
@@ -49,7 +29,17 @@ class RunSummary(BaseModel):
     checkpoint_step: int
     adapter_version: int
     desired: str = Field("", description="A pause or stop requested but not yet applied.")
-    trigger: dict[str, Any] | None = Field(None, description="The event that started the run, if one did.")
+    trigger: dict[str, Any] | None = Field(
+        None, description="The event that started the run (source, bucket, key, etag or version id, time, rule, "
+                          "dataset); null for a run started by POST /v1/runs.")
+
+
+class Run(RunSummary):
+    """A run with its config and its latest step metrics and eval."""
+
+    config: dict[str, Any]
+    latest_metrics: dict[str, Any] | None = None
+    latest_eval: dict[str, Any] | None = None
 
 
 class RunList(BaseModel):
