@@ -170,6 +170,12 @@ async def drive(
     }
 
 
+def train_settings(micro_batch_size: int, activation_checkpointing: bool) -> dict[str, Any]:
+    """ConfigureRun's settings of a benchmark run (services/common/training.py TrainSettings as JSON)."""
+    return {"optim": {"micro_batch_size": micro_batch_size, "learning_rate": 1e-5,
+                      "activation_checkpointing": activation_checkpointing}}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl bench learner", description=summary(__doc__))
     parser.add_argument(
@@ -251,8 +257,7 @@ def main(argv: list[str]) -> int:
 
         baseline = rss_mb(learner_rank_pids(process.pid))  # serving, before the model is loaded
         try:
-            config = {"micro_batch_size": args.micro_batch_size, "learning_rate": 1e-5,
-                      "activation_checkpointing": args.activation_checkpointing}
+            config = train_settings(args.micro_batch_size, args.activation_checkpointing)
             numbers = asyncio.run(drive(port, batches, config, launcher_pid=process.pid))
         finally:
             stop_learner_process(process)

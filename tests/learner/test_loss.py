@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -176,3 +177,10 @@ def test_only_sequence_mean_leaves_the_end_of_turn_token_without_a_length_driven
         assert math.copysign(1.0, push) == expected_sign and abs(push) > 0.1
     else:
         assert push == pytest.approx(0.0, abs=1e-6)
+
+
+def test_the_learner_benchmark_sends_settings_the_learner_accepts() -> None:
+    from services.learner.bench import train_settings
+
+    sent = TrainSettings.from_json(json.dumps(train_settings(4, True)))
+    assert (sent.optim.micro_batch_size, sent.optim.activation_checkpointing) == (4, True)
