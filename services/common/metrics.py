@@ -71,33 +71,46 @@ def _code_of(exc: BaseException, context: Any = None) -> str:
     return "UNKNOWN"
 
 
+Behaviour = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+async def wrap_served_call(continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+                           details: grpc.HandlerCallDetails,
+                           wrap: Callable[[str, str, Behaviour], Behaviour]) -> Any:
+    """A server interceptor's handler: a unary-unary call of an MMRL service with its behaviour
+    wrapped by `wrap(service, method, inner)`; health, reflection and other handlers as they are."""
+    handler = await continuation(details)
+    if handler is None or handler.unary_unary is None:
+        return handler
+    service, method = split_method(details.method)
+    if service in ("Health", "ServerReflection"):
+        return handler
+    return grpc.unary_unary_rpc_method_handler(wrap(service, method, handler.unary_unary),
+                                               request_deserializer=handler.request_deserializer,
+                                               response_serializer=handler.response_serializer)
+
+
 class ServerMetricsInterceptor(grpc.aio.ServerInterceptor):
     """Counts and times every unary-unary call a server answers."""
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
                                 details: grpc.HandlerCallDetails) -> Any:
-        handler = await continuation(details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        service, method = split_method(details.method)
-        if service in ("Health", "ServerReflection"):
-            return handler
-        inner = handler.unary_unary
+        def observe(service: str, method: str, inner: Behaviour) -> Behaviour:
+            async def observed(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                start = time.perf_counter()
+                code = "OK"
+                try:
+                    return await inner(request, context)
+                except BaseException as exc:
+                    code = _code_of(exc, context)
+                    raise
+                finally:
+                    GRPC_SERVER_SECONDS.labels(service, method).observe(time.perf_counter() - start)
+                    GRPC_SERVER_CALLS.labels(service, method, code).inc()
 
-        async def observed(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            start = time.perf_counter()
-            code = "OK"
-            try:
-                return await inner(request, context)
-            except BaseException as exc:
-                code = _code_of(exc, context)
-                raise
-            finally:
-                GRPC_SERVER_SECONDS.labels(service, method).observe(time.perf_counter() - start)
-                GRPC_SERVER_CALLS.labels(service, method, code).inc()
+            return observed
 
-        return grpc.unary_unary_rpc_method_handler(observed, request_deserializer=handler.request_deserializer,
-                                                   response_serializer=handler.response_serializer)
+        return await wrap_served_call(continuation, details, observe)
 
 
 class ClientMetricsInterceptor(grpc.aio.UnaryUnaryClientInterceptor):

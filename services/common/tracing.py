@@ -22,7 +22,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 import grpc
 
-from services.common.metrics import split_method
+from services.common.metrics import Behaviour, split_method, wrap_served_call
 
 log = logging.getLogger("mmrl.tracing")
 
@@ -145,22 +145,19 @@ class ServerTracingInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
                                 details: grpc.HandlerCallDetails) -> Any:
-        handler = await continuation(details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        service, method = split_method(details.method)
-        if service in ("Health", "ServerReflection"):
-            return handler
-        inner = handler.unary_unary
         metadata = details.invocation_metadata
-        attributes = {"mmrl.service": _service, "rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
 
-        async def traced_call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            with _server_span(f"{service}/{method}", metadata, attributes):
-                return await inner(request, context)
+        def trace_call(service: str, method: str, inner: Behaviour) -> Behaviour:
+            attributes = {"mmrl.service": _service, "rpc.system": "grpc", "rpc.service": service,
+                          "rpc.method": method}
 
-        return grpc.unary_unary_rpc_method_handler(traced_call, request_deserializer=handler.request_deserializer,
-                                                   response_serializer=handler.response_serializer)
+            async def traced_call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                with _server_span(f"{service}/{method}", metadata, attributes):
+                    return await inner(request, context)
+
+            return traced_call
+
+        return await wrap_served_call(continuation, details, trace_call)
 
 
 class ClientTracingInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
