@@ -3,12 +3,22 @@ health checks are not, and channels made with the token configured send it."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 import grpc
 import pytest
 
 from mmrl.v1 import env_pb2, env_pb2_grpc
 from services.common.grpc_auth import TOKEN_ENV
-from services.common.grpc_server import CHANNEL_OPTIONS, SERVER_OPTIONS, channel, check_health, start_server
+from services.common.grpc_server import (
+    CHANNEL_OPTIONS,
+    SERVER_OPTIONS,
+    channel,
+    check_health,
+    start_server,
+    sync_channel,
+)
 from services.env.config import EnvConfig
 from services.env.environment import MazeEnv
 from services.env.servicer import SERVICE_NAME, EnvServicer
@@ -63,3 +73,21 @@ def test_channels_and_servers_ping_idle_peers_within_seconds() -> None:
         assert settings["grpc.keepalive_permit_without_calls"] == 1
     # The server accepts the clients' pings (else it answers them with GOAWAY "too_many_pings").
     assert dict(SERVER_OPTIONS)["grpc.http2.min_ping_interval_without_data_ms"] <= dict(CHANNEL_OPTIONS)["grpc.keepalive_time_ms"]
+
+
+async def test_blocking_channels_send_the_token_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOKEN_ENV, "grpc-secret")
+    running = await _env_server()
+    address = f"127.0.0.1:{running.port}"  # type: ignore[attr-defined]
+
+    def call(make: Callable[[str], grpc.Channel]) -> int:
+        with make(address) as ch:
+            return len(env_pb2_grpc.EnvServiceStub(ch).GetEvalSet(env_pb2.GetEvalSetRequest(), timeout=5).specs)
+
+    try:  # blocking calls from a thread: the server runs on this event loop
+        assert await asyncio.to_thread(call, sync_channel) > 0  # e.g. the SFT data builder's channel
+        with pytest.raises(grpc.RpcError) as refused:
+            await asyncio.to_thread(call, grpc.insecure_channel)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+    finally:
+        await running.stop(grace_s=0)  # type: ignore[attr-defined]

@@ -159,8 +159,9 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"--adapter {args.adapter}: {exc}") from exc
 
     started = time.perf_counter()
+    # An adapter from elsewhere (a checkpoint, another trainer) carries no probe: it is served unchecked.
     stack = Stack(StackConfig(model=args.model.resolve(), state_dir=args.state_dir, lora_rank=lora_rank,
-                              env_name=args.env_name))
+                              env_name=args.env_name, rollout_args=["--adapter-probe", "if_present"]))
     try:
         needed = tuple(s for s, given in (("env", args.env), ("rollout", args.rollout)) if not given)
         if needed:

@@ -10,6 +10,7 @@ they restrict who can connect at all.
 
 from __future__ import annotations
 
+import collections
 import hmac
 import os
 from collections.abc import Awaitable, Callable
@@ -74,6 +75,27 @@ class TokenClientInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
         return await continuation(details, request)
 
 
+class _CallDetails(
+    collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready",
+                                            "compression")),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+class SyncTokenClientInterceptor(grpc.UnaryUnaryClientInterceptor):
+    """`TokenClientInterceptor` for blocking channels."""
+
+    def __init__(self, token: str) -> None:
+        self._metadata = (METADATA_KEY, f"Bearer {token}")
+
+    def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        d = client_call_details
+        metadata = [*(d.metadata or ()), self._metadata]
+        return continuation(_CallDetails(d.method, d.timeout, metadata, d.credentials, d.wait_for_ready,
+                                         d.compression), request)
+
+
 def server_interceptors(token: str | None = None) -> list[grpc.aio.ServerInterceptor]:
     """The auth interceptor when a token is configured (`token`, else MMRL_GRPC_TOKEN); none otherwise."""
     token = token_from_env() if token is None else token
@@ -83,3 +105,8 @@ def server_interceptors(token: str | None = None) -> list[grpc.aio.ServerInterce
 def client_interceptors(token: str | None = None) -> list[grpc.aio.ClientInterceptor]:
     token = token_from_env() if token is None else token
     return [TokenClientInterceptor(token)] if token else []
+
+
+def sync_client_interceptors(token: str | None = None) -> list[grpc.UnaryUnaryClientInterceptor]:
+    token = token_from_env() if token is None else token
+    return [SyncTokenClientInterceptor(token)] if token else []

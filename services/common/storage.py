@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "manifest.json"
+PROBE_KEY = "probe"
+"""The manifest entry of an adapter's probe (services/common/adapter_probe.py)."""
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # a peft adapter directory, as peft and vLLM load it
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_FILES = (ADAPTER_WEIGHTS, ADAPTER_CONFIG)
@@ -158,13 +160,20 @@ def publish_directory(
 
 def publish_adapter_copy(source_dir: Path, final_dir: Path) -> Path:
     """Publishes the peft files of adapter directory `source_dir` again as the version `final_dir`
-    (with a fresh manifest); raises FileExistsError if that version exists."""
+    (with a fresh manifest, which keeps the source manifest's adapter probe: the weights are the
+    same); raises FileExistsError if that version exists."""
 
     def copy(tmp: Path) -> None:
         for name in ADAPTER_FILES:
             shutil.copy2(Path(source_dir) / name, tmp / name)
 
-    publish_directory(Path(final_dir), copy)
+    extra = {}
+    source_manifest = Path(source_dir) / MANIFEST
+    if source_manifest.is_file():
+        probe = json.loads(source_manifest.read_text()).get(PROBE_KEY)
+        if probe is not None:
+            extra[PROBE_KEY] = probe
+    publish_directory(Path(final_dir), copy, extra)
     return Path(final_dir)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from services.common import storage
+from services.common import adapter_probe, storage
 from services.common.training import TrainSettings
 from services.learner import checkpoint as ckpt
 from services.learner import image_features
@@ -39,7 +39,7 @@ from services.learner.policy import (
     trainable_parameters,
 )
 from services.learner.publish import PublishedAdapter, publish_adapter
-from services.learner.trainer import MiniBatch, StepOutcome, train_step
+from services.learner.trainer import MiniBatch, StepOutcome, set_lora_dropout, train_step
 from services.learner.weights import build_policy
 
 log = logging.getLogger("mmrl.learner")
@@ -84,7 +84,9 @@ class LearnerEngine:
         if settings.num_threads is not None:
             torch.set_num_threads(settings.num_threads)
         self.model_dir = Path(settings.model).resolve()
-        self.frames = FrameProcessor(load_processor(self.model_dir).image_processor)
+        processor = load_processor(self.model_dir)
+        self.frames = FrameProcessor(processor.image_processor)
+        self.probe_ids = adapter_probe.probe_token_ids(processor.tokenizer)
         self.linear_names = model_linear_names(self.model_dir)
         self.spec = ModelSpec.from_config(AutoConfig.from_pretrained(self.model_dir))
         self.compute_dtype = resolve_dtype(settings.dtype, ctx.device)
@@ -139,9 +141,11 @@ class LearnerEngine:
         return outcome
 
     def publish(self, version: int) -> PublishedAdapter | None:
-        """Writes the adapter as `version` (rank 0 writes; returns None on other ranks)."""
+        """Writes the adapter as `version` with its probe (services/common/adapter_probe.py) in the
+        manifest (rank 0 writes; returns None on other ranks)."""
         assert self.run is not None
         run = self.run
+        probe = self._probe()
         state = ckpt.gather_adapter_state(run.model)
         published = None
         if self.ctx.is_main:
@@ -151,10 +155,21 @@ class LearnerEngine:
                 version,
                 state,
                 self._peft_config(),
-                extra_manifest={"step": run.step, "base_model": str(self.model_dir)},
+                extra_manifest={"step": run.step, "base_model": str(self.model_dir), **probe.to_manifest()},
             )
         run.adapter_version = version
         return published
+
+    def _probe(self) -> adapter_probe.Probe:
+        """The probe's log-probs with the adapter and without it (collective: every rank runs the
+        forwards of the sharded model)."""
+        assert self.run is not None
+        model = self.run.model
+        set_lora_dropout(model, False)
+        logprobs = adapter_probe.model_logprobs(model, self.probe_ids, self.ctx.device)
+        with model.disable_adapter():
+            base = adapter_probe.model_logprobs(model, self.probe_ids, self.ctx.device)
+        return adapter_probe.Probe(tuple(self.probe_ids), tuple(logprobs), tuple(base))
 
     def save_checkpoint(self) -> tuple[Path, float] | None:
         """Writes the checkpoint of the current step (rank 0 writes; None on other ranks)."""

@@ -56,7 +56,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-import grpc
 import torch
 from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -68,6 +67,7 @@ from services.common.conversation import (
     TokenConversation,
     expand_image_placeholders,
 )
+from services.common.grpc_server import sync_channel
 from services.common.maze import (  # the eval sets' seeds and layouts are never trained on
     DIRECTIONS,
     TRAIN_SEED_LIMIT,
@@ -241,8 +241,8 @@ def expert_conversations(
     chat = ChatTokens.from_tokenizer(tokenizer)
     rng = random.Random(config.seed)
     trajectories: list[Trajectory] = []
-    with grpc.insecure_channel(env_address) as sync_channel:
-        stub = env_pb2_grpc.EnvServiceStub(sync_channel)
+    with sync_channel(env_address) as env_channel:
+        stub = env_pb2_grpc.EnvServiceStub(env_channel)
         all_specs = expert_specs(stub, config)
         for first in range(0, len(all_specs), batch):
             specs = all_specs[first:first + batch]
@@ -357,7 +357,7 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
     reading_history: list[dict[str, Any]] = []
     if config.reading_updates:
         reading_rng = random.Random(config.seed + 1)  # its own draws: the expert data's order stays as it was
-        with grpc.insecure_channel(env_address) as channel:
+        with sync_channel(env_address) as channel:
             stub = env_pb2_grpc.EnvServiceStub(channel)
             reading_history = fit.run(
                 "frame reading", config.reading_updates,

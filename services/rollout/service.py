@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
@@ -25,7 +26,7 @@ import grpc
 from mmrl.v1 import rollout_pb2, rollout_pb2_grpc
 from services.common.grpc_server import RunningServer, start_server
 from services.rollout import metrics
-from services.rollout.adapters import AdapterRegistry
+from services.rollout.adapters import AdapterRegistry, ProbePolicy
 from services.rollout.config import RolloutConfig
 from services.rollout.engine import Engine, EngineResult
 from services.rollout.errors import (
@@ -267,9 +268,11 @@ class RolloutServer:
         config = self.servicer.config
         start = time.perf_counter()
         self.engine = await factory(config)
+        probe = ProbePolicy(config.adapter_probe, config.resolved_probe_tolerance(self.engine.info.dtype),
+                            replica=f"{socket.gethostname()}:{self.port}")
         self.adapters = AdapterRegistry(self.engine, retention=config.adapter_retention,
                                         max_runs=config.max_adapter_runs, max_rank=config.max_lora_rank,
-                                        **self._registry_args)
+                                        probe=probe, **self._registry_args)
         self.servicer.attach(self.engine, self.adapters)
         log.info("engine ready", extra={"startup_s": round(time.perf_counter() - start, 1),
                                         "model": self.engine.info.name})

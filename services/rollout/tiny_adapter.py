@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from services.common.adapter_probe import Probe, model_logprobs, probe_token_ids
 from services.common.conversation import ChatTokens, expand_image_placeholders
 from services.common.storage import publish_directory
 
@@ -76,7 +77,21 @@ def train_adapter(model_dir: Path, frames: Sequence[bytes], target_text: str = "
     return peft_model.eval()
 
 
+def probe(peft_model: Any) -> Probe:
+    """The adapter probe of `peft_model`, as the learner computes it for a version it publishes."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(peft_model.peft_config["default"].base_model_name_or_path)
+    token_ids = probe_token_ids(tokenizer)
+    logprobs = model_logprobs(peft_model, token_ids)
+    with peft_model.disable_adapter():
+        base = model_logprobs(peft_model, token_ids)
+    return Probe(tuple(token_ids), tuple(logprobs), tuple(base))
+
+
 def publish_adapter(peft_model: Any, final_dir: Path, extra_manifest: dict[str, Any] | None = None) -> Path:
-    """Writes the adapter (adapter_model.safetensors, adapter_config.json) + manifest atomically."""
-    publish_directory(Path(final_dir), lambda tmp: peft_model.save_pretrained(tmp), extra_manifest)
+    """Writes the adapter (adapter_model.safetensors, adapter_config.json) + manifest with its probe
+    atomically."""
+    manifest = {**probe(peft_model).to_manifest(), **(extra_manifest or {})}
+    publish_directory(Path(final_dir), lambda tmp: peft_model.save_pretrained(tmp), manifest)
     return Path(final_dir)

@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mmrl.v1 import learner_pb2, learner_pb2_grpc
 from services.common import storage
+from services.common.adapter_probe import Probe, model_logprobs
 from services.common.grpc_server import channel, start_server
 from services.common.trajectory import Trajectory
 from services.learner.checkpoint import TRAINER_STATE, load_trainer_state
@@ -135,8 +136,24 @@ async def test_invalid_trajectories_are_invalid_arguments_naming_them_and_change
     assert state.step == 0
 
 
+def _check_probe(model_dir: Path, adapter_dir: Path) -> None:
+    """The manifest's probe is what the published adapter, loaded by peft, and the base model answer."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    probe = Probe.from_manifest(storage.verify_manifest(adapter_dir))
+    assert probe is not None
+    base = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    assert model_logprobs(base, probe.token_ids) == pytest.approx(probe.base_logprobs, abs=1e-5)
+    tuned = PeftModel.from_pretrained(base, adapter_dir).eval()
+    assert model_logprobs(tuned, probe.token_ids) == pytest.approx(probe.logprobs, abs=1e-5)
+    assert probe.logprobs != pytest.approx(probe.base_logprobs, abs=1e-5)  # one step moved it
+
+
 async def test_train_publish_checkpoint_and_a_restarted_learner_continues_the_run(
-    learner: Learner, make_driver: Callable[..., Any], tmp_path: Path, trajectories: list[Trajectory]
+    learner: Learner, make_driver: Callable[..., Any], tmp_path: Path, trajectories: list[Trajectory],
+    tiny_model_dir: Path,
 ) -> None:
     shared = tmp_path / "shared"
     state = await learner.stub.ConfigureRun(learner_pb2.ConfigureRunRequest(run_id="run", config_json=CONFIG))
@@ -163,6 +180,7 @@ async def test_train_publish_checkpoint_and_a_restarted_learner_continues_the_ru
     assert set(manifest["files"]) == {"adapter_model.safetensors", "adapter_config.json"}
     assert storage.manifest_sha256(Path(published.path)) == published.manifest_sha256
     assert published.publish_ms > 0
+    _check_probe(tiny_model_dir, Path(published.path))
 
     saved = await learner.stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(run_id="run"))
     assert saved.step == 1 and Path(saved.path) == storage.checkpoint_dir(shared, "run", 1)

@@ -9,11 +9,23 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from services.common.adapter_probe import Probe
 from services.rollout.engine import AdapterRef, Completion, EngineRequest, EngineResult, ModelInfo
 from services.rollout.errors import FailedPrecondition, InvalidArgument, Unavailable
 
 IMAGE_TOKEN = 5
 TOKENS_PER_IMAGE = 4
+PROBE_IDS = (11, 12, 13, 14, 15, 16)
+
+
+def fake_logprobs(token_ids: Sequence[int], version: int) -> list[float]:
+    """What `FakeEngine.score` answers: arithmetic, moved by 0.01 per adapter version (0: base)."""
+    return [-((t % 7) + 1) / 4 - 0.01 * version for t in token_ids[1:]]
+
+
+def fake_probe(version: int) -> dict[str, object]:
+    """The manifest entry a learner would publish with `version` when the engine applies it."""
+    return Probe(PROBE_IDS, tuple(fake_logprobs(PROBE_IDS, version)), tuple(fake_logprobs(PROBE_IDS, 0))).to_manifest()
 
 
 class FakeEngine:
@@ -29,6 +41,7 @@ class FakeEngine:
         self.sleep_levels: list[int] = []  # every level Sleep passed on (when sleep is supported)
         self.wake_ups = 0
         self.failing_removals: set[int] = set()  # lora_int_ids whose remove_adapter raises
+        self.unapplied_versions: set[int] = set()  # adapter versions loaded but ignored when scoring
 
     @property
     def info(self) -> ModelInfo:
@@ -56,6 +69,11 @@ class FakeEngine:
         if self.hold is not None:
             await self.hold.wait()
         return results
+
+    async def score(self, token_ids: Sequence[int], adapter: AdapterRef | None) -> list[float]:
+        assert adapter is None or adapter.lora_int_id in self.adapters, "unloaded adapter"
+        applied = adapter is not None and adapter.version not in self.unapplied_versions
+        return fake_logprobs(token_ids, adapter.version if applied else 0)  # type: ignore[union-attr]
 
     async def add_adapter(self, adapter: AdapterRef) -> None:
         self.adapters[adapter.lora_int_id] = adapter

@@ -8,19 +8,25 @@ from pathlib import Path
 import pytest
 
 from services.common import storage
-from services.rollout.adapters import AdapterRegistry
+from services.common.adapter_probe import Probe
+from services.rollout.adapters import AdapterRegistry, ProbePolicy
 from services.rollout.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.rollout.validation import AdapterKey
-from tests.rollout.fake_engine import FakeEngine
+from tests.rollout.fake_engine import PROBE_IDS, FakeEngine, fake_logprobs, fake_probe
+
+PROBE = ProbePolicy("required", tolerance=0.001, replica="replica-a:50052")
 
 
-def publish(root: Path, run_id: str, version: int, rank: int = 8, payload: bytes = b"weights") -> Path:
+def publish(root: Path, run_id: str, version: int, rank: int = 8, payload: bytes = b"weights",
+            probe: dict[str, object] | None = None) -> Path:
+    """A published version whose manifest carries the probe the fake engine answers for it (or `probe`)."""
+
     def write(tmp: Path) -> None:
         (tmp / "adapter_config.json").write_text(json.dumps({"r": rank, "peft_type": "LORA"}))
         (tmp / "adapter_model.safetensors").write_bytes(payload + bytes([version]))
 
     target = storage.adapter_dir(root, run_id, version)
-    storage.publish_directory(target, write)
+    storage.publish_directory(target, write, fake_probe(version) if probe is None else probe)
     return target
 
 
@@ -40,7 +46,7 @@ def engine() -> FakeEngine:
 def registry(engine: FakeEngine, shared: Path, tmp_path: Path) -> AdapterRegistry:
     cache = tmp_path / "cache"
     cache.mkdir()
-    return AdapterRegistry(engine, shared, cache, retention=2, max_runs=2, max_rank=16)
+    return AdapterRegistry(engine, shared, cache, retention=2, max_runs=2, max_rank=16, probe=PROBE)
 
 
 def _loaded(registry: AdapterRegistry) -> list[tuple[str, int]]:
@@ -191,3 +197,66 @@ async def test_releasing_decrements_every_count_before_unloading_and_survives_a_
     engine.failing_removals.add(refs[0].lora_int_id)
     await registry.release(refs)
     assert sorted(ref.version for ref in engine.adapters.values()) == [1, 3, 4]  # v1's removal failed, v2 went
+
+
+async def test_a_version_the_engine_does_not_apply_is_refused_naming_the_replica_and_unloaded(
+        registry: AdapterRegistry, engine: FakeEngine, shared: Path, tmp_path: Path) -> None:
+    publish(shared, "run", 1)
+    await registry.load("run", 1, "")
+    engine.unapplied_versions.add(2)  # the engine takes the adapter but answers with the base model
+    publish(shared, "run", 2)
+    with pytest.raises(FailedPrecondition, match=r"replica replica-a:50052: adapter run v2 is not served as the "
+                                                 r"learner published it: .*differ from the learner's"):
+        await registry.load("run", 2, "")
+    assert _loaded(registry) == [("run", 1)]  # the previous version keeps serving
+    assert [ref.version for ref in engine.adapters.values()] == [1]
+    assert len(list((tmp_path / "cache").iterdir())) == 1  # the refused copy is deleted
+
+
+async def test_an_adapter_swapped_under_its_manifest_is_refused(
+        registry: AdapterRegistry, shared: Path) -> None:
+    # Version 2's files with version 1's probe: the manifest is consistent, the weights are not what was trained.
+    publish(shared, "run", 2, probe=fake_probe(1))
+    with pytest.raises(FailedPrecondition, match=r"replica replica-a:50052: adapter run v2 .* differ from the "
+                                                 r"learner's by 0.01 per token on average \(tolerance 0.001\)"):
+        await registry.load("run", 2, "")
+    assert registry.loaded() == []
+
+
+async def test_an_engine_ignoring_the_adapter_is_refused_even_where_its_base_matches_the_adapter(
+        registry: AdapterRegistry, engine: FakeEngine, shared: Path) -> None:
+    # The engine ignores the adapter, and its base model answers what the learner's adapter does (another base
+    # model than the learner's): the served log-probs match, but they do not move from the base's.
+    base = fake_logprobs(PROBE_IDS, 0)
+    learner = Probe(PROBE_IDS, tuple(base), tuple(v + 0.5 for v in base))
+    engine.unapplied_versions.add(1)
+    publish(shared, "run", 1, probe=learner.to_manifest())
+    with pytest.raises(FailedPrecondition, match=r"answers like the base model \(adapter moves the probe by 0 per "
+                                                 r"token, the learner's by 0.5\): the adapter is not applied"):
+        await registry.load("run", 1, "")
+
+
+async def test_a_version_without_a_probe_is_refused_unless_the_policy_allows_it(
+        engine: FakeEngine, shared: Path, tmp_path: Path) -> None:
+    def write(tmp: Path) -> None:
+        (tmp / "adapter_config.json").write_text(json.dumps({"r": 8}))
+        (tmp / "adapter_model.safetensors").write_bytes(b"weights")
+
+    storage.publish_directory(storage.adapter_dir(shared, "run", 1), write)
+    storage.publish_directory(storage.adapter_dir(shared, "run", 2), write, {"probe": {"token_ids": [1]}})
+    for mode, loads in (("required", False), ("if_present", True), ("off", True)):
+        cache = tmp_path / f"cache-{mode}"
+        cache.mkdir()
+        registry = AdapterRegistry(engine, shared, cache, retention=2, max_runs=2, max_rank=16,
+                                   probe=ProbePolicy(mode, 0.001, "replica-a:50052"))  # type: ignore[arg-type]
+        if loads:
+            await registry.load("run", 1, "")
+        else:
+            with pytest.raises(FailedPrecondition, match="run v1 has no probe in its manifest"):
+                await registry.load("run", 1, "")
+        if mode == "off":
+            await registry.load("run", 2, "")
+        else:  # a malformed probe is refused whenever probes are checked
+            with pytest.raises(FailedPrecondition, match="malformed adapter probe"):
+                await registry.load("run", 2, "")
+        await registry.close()

