@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,16 +32,20 @@ def load_sft_config(path: Path, out: Path | None, base_model: Path | None,
     return load_model_file(SftConfig, path, {**(overrides or {}), **{k: v for k, v in given.items() if v}})
 
 
-def run_sft(config: Any, state_dir: Path, evaluate_after: bool = True, quiet: bool = False) -> dict[str, Any]:
-    """Trains (env service started locally), saves, then evaluates the saved model."""
+def run_sft(config: Any, state_dir: Path, evaluate_after: bool = True, quiet: bool = False,
+            nproc: int = 1) -> dict[str, Any]:
+    """Trains (env service started locally; `nproc` ranks), saves, then evaluates the saved model."""
     from services.learner.sft import train_sft
 
     say = (lambda _msg: None) if quiet else (lambda msg: print(msg, flush=True))
     stack = Stack(StackConfig(model=Path(config.out).resolve(), state_dir=state_dir, env_name=config.env))
     try:
         stack.start(("env",), log=not quiet)
-        check = validation_check(stack, config) if config.stop_above is not None else None
-        report = train_sft(config, stack.address("env"), progress=say, check=check)
+        if nproc > 1:
+            report = train_on_ranks(config, stack.address("env"), state_dir, nproc, quiet)
+        else:
+            check = validation_check(stack, config) if config.stop_above is not None else None
+            report = train_sft(config, stack.address("env"), progress=say, check=check)
         if evaluate_after:
             from mmrl.cli.eval import evaluate
 
@@ -55,6 +61,23 @@ def run_sft(config: Any, state_dir: Path, evaluate_after: bool = True, quiet: bo
             report_path.write_text(json.dumps(report, indent=2))
     finally:
         stack.stop()
+    return report
+
+
+def train_on_ranks(config: Any, env_address: str, state_dir: Path, nproc: int, quiet: bool) -> dict[str, Any]:
+    """`train_sft` on `nproc` ranks under torchrun (mmrl/cli/sft_worker.py); returns rank 0's report."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    config_path, report_path = state_dir / "sft-config.json", state_dir / "sft-report.json"
+    config_path.write_text(config.model_dump_json())
+    report_path.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "mmrl.cli.sft_worker", "--config-json", str(config_path), "--env", env_address,
+               "--state-dir", str(state_dir / "checks"), "--report", str(report_path)]
+    done = subprocess.run(command, stdout=subprocess.DEVNULL if quiet else None, check=False)
+    if done.returncode != 0 or not report_path.is_file():
+        raise RuntimeError(f"the SFT ranks failed (exit status {done.returncode}); torchrun's output above "
+                           "names the rank and the error")
+    report: dict[str, Any] = json.loads(report_path.read_text())
     return report
 
 
@@ -122,11 +145,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--base-model", type=Path, help="override the model to fine-tune")
     parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/sft"), help="logs of the services it starts")
     parser.add_argument("--no-eval", action="store_true", help="skip the eval of the saved model")
+    parser.add_argument("--nproc", type=int, default=1,
+                        help="ranks (torchrun, FSDP2; one per GPU on a GPU node); 1 trains in this process")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     add_overrides(parser, "SFT config")
     args = parser.parse_args(argv)
     config = load_sft_config(args.config, args.out, args.base_model, overrides_from(args))
-    report = run_sft(config, args.state_dir, evaluate_after=not args.no_eval)
+    if args.nproc < 1:
+        parser.error(f"--nproc must be at least 1, got {args.nproc}")
+    report = run_sft(config, args.state_dir, evaluate_after=not args.no_eval, nproc=args.nproc)
     result = {"out": config.out, "sft_wall_s": report["sft_wall_s"], "updates": report["updates"],
               "final_loss": report["final_loss"],
               "solve_rate": report.get("eval", {}).get("greedy_solve_rate")}

@@ -22,9 +22,11 @@ agent's cell ("down right"). The answer names no way to the goal: it is what the
 the oracle's next move, so the policy still has to be learnt from the expert's conversations and
 then GRPO.
 
-Training is a full fine-tune (every weight of the model, vision tower included) with the token-mean
-negative log-likelihood of the action tokens (<|im_end|> included), AdamW and linear warm-up. The
-result is a standard HF model directory that `mmrl serve rollout --model` and the learner load.
+Training is a full fine-tune (every weight of the model, vision tower included) or a LoRA adapter
+merged into the saved model (`finetune`), with the token-mean negative log-likelihood of the action
+tokens (<|im_end|> included), AdamW and linear warm-up, on the learner's code path: one rank or
+several (`mmrl sft --nproc N`, FSDP2), float32 on CPU or bfloat16 on GPU (services/learner/sft_ranks.py).
+The result is a standard HF model directory that `mmrl serve rollout --model` and the learner load.
 
 A start of a chosen strength (optional, `stop_above`). Where the SFT stops on purpose (a partially
 trained start for GRPO), a fixed number of updates does not give the same start on every machine:
@@ -78,9 +80,18 @@ from services.common.maze import (  # the eval sets' seeds and layouts are never
     training_layout_seeds,
     training_seeds,
 )
+from services.common.training import LoraSettings
 from services.common.trajectory import Trajectory
+from services.learner import sft_ranks
 from services.learner.batch import ModelSpec, collate, decode_image, prepare_batch
-from services.learner.policy import load_base_model, load_processor, token_logprobs
+from services.learner.distributed import (
+    DistContext,
+    all_reduce,
+    broadcast_object,
+    init_distributed,
+    is_sharded,
+)
+from services.learner.policy import load_processor, token_logprobs
 from services.learner.trainer import micro_batches
 
 log = logging.getLogger("mmrl.learner.sft")
@@ -89,7 +100,7 @@ ACTIONS = ("up", "down", "left", "right")
 # the layouts reserved for eval sets (1 took seeds first_seed.. whatever their layouts).
 SFT_DATA_VERSION = 2
 _ADDED_LATER = ("detour_moves", "reading_updates", "reading_batch_size", "stop_above", "check_from", "check_every",
-                "check_mazes", "check_first_seed", "keep", "env", "options")
+                "check_mazes", "check_first_seed", "keep", "env", "options", "finetune", "lora", "dtype", "device")
 READING_QUESTION = "Which moves are open from your cell?"
 
 
@@ -129,6 +140,16 @@ class SftConfig(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, description="System turn (must match the GRPO runs).")
     seed: int = Field(0, description="Seed of data perturbation, shuffling and dropout.")
+    finetune: Literal["full", "lora"] = Field(
+        "full", description="full: every weight trains. lora: a LoRA adapter (`lora`) on the frozen base, merged "
+                            "into the saved model; sharded, no rank holds the whole base (the way to warm-start an "
+                            "8B model). services/learner/sft_ranks.py.")
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA settings with finetune: lora.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="Compute dtype: auto is bfloat16 on GPU, float32 on CPU. Below float32 the model is "
+                            "sharded with FSDP2 mixed precision (trained weights and AdamW state stay float32).")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the ranks train (auto: CUDA when "
+                                                                       "present).")
     save_at: list[int] = Field(
         default_factory=list, description="Also save intermediate checkpoints at these updates (<out>-u<N>)."
     )
@@ -334,16 +355,22 @@ def frame_reading_questions(
 
 def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], None] = print,
               check: Callable[[Path], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Builds the data, fine-tunes, saves the model directory; returns a report. With `stop_above`,
+    """Builds the data, fine-tunes, saves the model directory; returns a report (rank 0; {} on the
+    others, which run it too under `mmrl sft --nproc N`). With `stop_above`, rank 0's
     `check(model_dir)` evaluates a checkpoint on the validation mazes (`check_seeds`) and returns the
     eval summary (`greedy_solve_rate`, `episodes`)."""
-    if config.stop_above is not None and check is None:
-        raise ValueError("stop_above needs a check: the validation solve rate of a checkpoint")
+    from transformers import AutoConfig
+
     started = time.perf_counter()
+    ctx = init_distributed(config.device)
+    if config.stop_above is not None and check is None and ctx.is_main:
+        raise ValueError("stop_above needs a check: the validation solve rate of a checkpoint")
+    if not ctx.is_main:
+        progress = _silent
     torch.manual_seed(config.seed)
     processor = load_processor(Path(config.base_model))
-    model = load_base_model(Path(config.base_model))
-    spec = ModelSpec.from_config(model.config)
+    model = sft_ranks.build_model(config, ctx)
+    spec = ModelSpec.from_config(AutoConfig.from_pretrained(config.base_model))
 
     tokens_per_image = image_token_counter(processor, spec)
     data = expert_conversations(env_address, config, processor.tokenizer, tokens_per_image)
@@ -351,9 +378,7 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
     progress(f"sft data: {len(data)} expert conversations, {num_actions} action tokens "
              f"({time.perf_counter() - started:.1f} s)")
 
-    model.requires_grad_(True)  # full fine-tune: every weight trains
-    model.train()
-    fit = _Fitter(model, spec, processor, config, progress, started)
+    fit = _Fitter(model, spec, processor, config, ctx, progress, started)
     reading_history: list[dict[str, Any]] = []
     if config.reading_updates:
         reading_rng = random.Random(config.seed + 1)  # its own draws: the expert data's order stays as it was
@@ -385,9 +410,12 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
             return False
         # The last update's model goes to `out` itself; earlier ones to <out>-u<N>.
         saved = Path(config.out) if update == config.updates else Path(f"{config.out}-u{update}")
-        _save(model, processor, saved, {"updates": update, "loss_history": history})
+        sft_ranks.save_model(model, processor, config, ctx, saved, {"updates": update, "loss_history": history},
+                             _swap_in)
         if not is_check or check is None:
             return False
+        if not ctx.is_main:  # rank 0 checks; the others learn its decision
+            return bool(broadcast_object(None, ctx))
         summary = check(saved)
         rate = float(summary["greedy_solve_rate"])
         checks.append({"updates": update, "validation_solve_rate": rate, "episodes": summary["episodes"]})
@@ -395,8 +423,8 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
                  f"validation mazes ({time.perf_counter() - started:.0f} s)")
         if config.keep == "last_at_or_below":
             _remove_unkept(config, checks, keep=_kept_update(config, checks, ran=update))
-            return False
-        return config.stop_above is not None and rate > config.stop_above
+            return bool(broadcast_object(False, ctx))
+        return bool(broadcast_object(config.stop_above is not None and rate > config.stop_above, ctx))
 
     history = fit.run("sft", config.updates, next_batch, config.micro_batch_size, after_update=after_update)
     kept = _kept_update(config, checks, ran=len(history))
@@ -404,7 +432,9 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
         "config": config.model_dump(), "fingerprint": config.fingerprint(), "num_conversations": len(data),
         "num_action_tokens": num_actions, "updates": kept, "updates_run": len(history),
         "final_loss": history[kept - 1]["loss"] if kept else None, "loss_history": history[:kept],
-        "sft_wall_s": time.perf_counter() - started, "kind": "full-fine-tune",
+        "sft_wall_s": time.perf_counter() - started,
+        "kind": "full-fine-tune" if config.finetune == "full" else "lora-merged", "ranks": ctx.world_size,
+        "dtype": str(sft_ranks.compute_dtype(config, ctx)).removeprefix("torch."),
     }
     if checks:
         report["checks"] = checks
@@ -415,8 +445,10 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
         report["reading_final_loss"] = reading_history[-1]["loss"]
         report["reading_loss_history"] = reading_history
     if kept == len(history):
-        _save(model, processor, Path(config.out), report)
-    else:
+        sft_ranks.save_model(model, processor, config, ctx, Path(config.out), report, _swap_in)
+    if not ctx.is_main:
+        return {}
+    if kept != len(history):
         progress(f"sft keeps the checkpoint of update {kept} (keep {config.keep}, stop_above {config.stop_above})")
         _keep_checkpoint(Path(f"{config.out}-u{kept}"), Path(config.out), report, move=kept not in config.save_at)
     _remove_unkept(config, checks, keep=kept)  # the one kept was moved to `out`
@@ -449,53 +481,54 @@ class _Fitter:
     """Full fine-tune updates with the token-mean NLL of the trained tokens; a fresh AdamW and warm-up
     per phase (frame reading, then the expert's conversations)."""
 
-    def __init__(self, model: Any, spec: ModelSpec, processor: Any, config: SftConfig,
+    def __init__(self, model: Any, spec: ModelSpec, processor: Any, config: SftConfig, ctx: DistContext,
                  progress: Callable[[str], None], started: float) -> None:
-        self.model, self.spec, self.processor, self.config = model, spec, processor, config
+        self.model, self.spec, self.processor, self.config, self.ctx = model, spec, processor, config, ctx
         self.progress, self.started = progress, started
+        self.sharded = is_sharded(ctx, sft_ranks.compute_dtype(config, ctx))
 
     def run(self, phase: str, updates: int, next_batch: Callable[[], list[Trajectory]], micro_batch_size: int,
             after_update: Callable[[int, list[dict[str, Any]]], bool] | None = None) -> list[dict[str, Any]]:
         """`updates` optimiser updates; `after_update(update, history)` returning True ends the phase early."""
-        config, model = self.config, self.model
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+        config, model, ctx = self.config, self.model, self.ctx
+        params = sft_ranks.trained_parameters(model)
+        optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: min(1.0, (step + 1) / config.warmup_steps) if config.warmup_steps else 1.0)
         history: list[dict[str, Any]] = []
         for update in range(1, updates + 1):
             # Prepared per update (not all up front): pixel values of every frame would not fit memory.
+            # Every rank draws the same batch and trains on its share: the loss is normalised by the whole
+            # batch's token count and scaled by the world size, as FSDP2 averages the ranks' gradients.
             picked = prepare_batch(next_batch(), self.spec, self.processor.image_processor)
             total_tokens = sum(p.num_generated for p in picked)
             optimizer.zero_grad(set_to_none=True)
-            loss_sum = 0.0
-            for chunk in micro_batches(picked, micro_batch_size):
+            loss_sum = torch.zeros(())
+            for chunk in micro_batches(sft_ranks.this_ranks_share(picked, ctx), micro_batch_size):
                 batch = collate(chunk, self.spec.pad_token_id, self.spec.image_token_id)
-                logprobs, _ = token_logprobs(model, batch, "cpu", with_entropy=False)
-                loss = -(logprobs * batch.loss_mask).sum() / total_tokens
+                logprobs, _ = token_logprobs(model, batch, ctx.device, with_entropy=False)
+                mask = (batch.loss_mask * batch.weights[:, None]).to(logprobs.device)
+                loss = -(logprobs * mask).sum() / total_tokens * ctx.world_size
                 loss.backward()
-                loss_sum += float(loss.item())
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+                loss_sum += loss.detach().float().cpu() / ctx.world_size
+            if self.sharded:
+                torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm, foreach=False)
+            else:
+                torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
             optimizer.step()
             schedule.step()
-            history.append({"update": update, "loss": loss_sum})
+            loss_value = float(all_reduce(loss_sum))
+            history.append({"update": update, "loss": loss_value})
             if update % 25 == 0 or update == updates:
-                self.progress(f"{phase} update {update}/{updates}  nll/token {loss_sum:.4f}  "
+                self.progress(f"{phase} update {update}/{updates}  nll/token {loss_value:.4f}  "
                               f"({time.perf_counter() - self.started:.0f} s)")
             if after_update is not None and after_update(update, history):
                 break
         return history
 
 
-def _save(model: Any, processor: Any, out: Path, report: dict[str, Any]) -> None:
-    """Writes a complete HF model directory (weights, tokenizer, processor, report) into a temporary
-    sibling, then swaps it in: `out` is never a partly written model, and a previous model there is
-    deleted only once the new one is in place (put back if the swap fails)."""
-    tmp = out.parent / f".tmp-{out.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    processor.save_pretrained(tmp)
-    (tmp / "sft_report.json").write_text(json.dumps(report, indent=2))
-    _swap_in(tmp, out)
+def _silent(message: str) -> None:
+    """Progress of ranks other than 0: they train the same updates, rank 0 reports them."""
 
 
 def _keep_checkpoint(checkpoint: Path, out: Path, report: dict[str, Any], move: bool) -> None:

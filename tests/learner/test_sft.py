@@ -173,7 +173,14 @@ def test_frame_reading_runs_before_the_expert_updates_and_counts_in_the_fingerpr
 def test_saving_over_a_model_swaps_it_in_and_a_failed_save_keeps_the_old_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from services.learner.sft import _save
+    from services.learner import sft_ranks
+    from services.learner.distributed import init_distributed
+    from services.learner.sft import _swap_in
+
+    config, ctx = SftConfig(base_model="m", out="o", dtype="float32", device="cpu"), init_distributed("cpu")
+
+    def _save(model: Saves, processor: Saves, out: Path, report: dict[str, int]) -> None:
+        sft_ranks.save_model(model, processor, config, ctx, out, report, _swap_in)
 
     class Saves:
         def __init__(self, text: str) -> None:
