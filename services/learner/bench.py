@@ -29,6 +29,7 @@ from typing import Any
 
 from services.common.messages import summary
 from services.common.trajectory import Trajectory
+from services.learner.memory import RANDOM_MODEL_LAYERS
 
 
 def start_learner_process(
@@ -206,6 +207,13 @@ def main(argv: list[str]) -> int:
         help="train a random Qwen3-VL-architecture model of about this many parameters (e.g. 5e8),"
         " built with `mmrl init-model tiny`'s builder, instead of --model",
     )
+    parser.add_argument(
+        "--random-model-layers",
+        type=int,
+        default=RANDOM_MODEL_LAYERS,
+        help=f"decoder layers of the random model (default {RANDOM_MODEL_LAYERS}; Qwen3-VL has 28 at 2B, 36 at"
+        " 8B): the hidden size follows the parameter count",
+    )
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], help="the learner's --dtype")
     parser.add_argument(
         "--activation-checkpointing", action="store_true", help="recompute decoder layers in the backward"
@@ -215,6 +223,8 @@ def main(argv: list[str]) -> int:
         parser.error("--steps must be at least 1")
     if args.random_model_params is not None and args.model is not None:
         parser.error("--random-model-params builds its own model: leave out --model")
+    if args.random_model_layers < 1:
+        parser.error("--random-model-layers must be at least 1")
     rollout = args.rollout or ("fake" if args.random_model_params is not None else "vllm")
 
     def say(message: str) -> None:
@@ -230,7 +240,7 @@ def main(argv: list[str]) -> int:
             if args.random_model_params is not None:
                 from services.learner.memory import random_model_shape
 
-                found = random_model_shape(args.random_model_params)
+                found = random_model_shape(args.random_model_params, args.random_model_layers)
                 shape = {"hidden_size": found.hidden_size, "num_layers": found.num_layers}
                 say(f"building a random model: hidden {found.hidden_size}, {found.num_layers} layers")
             model = build_tiny_model(work / "tiny-model", **shape)
