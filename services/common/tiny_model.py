@@ -158,13 +158,27 @@ def qwen3_vl_config(
     return config
 
 
+def tiny_processor(tokenizer):  # -> Qwen3VLProcessor
+    """The tiny model's processor: Qwen's image and video processors at 8-pixel patches, `tokenizer`,
+    the chat template."""
+    from transformers import Qwen3VLProcessor
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    size = {"shortest_edge": 16 * 16, "longest_edge": 256 * 256}
+    return Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(patch_size=8, merge_size=2, temporal_patch_size=2, size=size),
+        tokenizer=tokenizer,
+        video_processor=Qwen3VLVideoProcessor(patch_size=8, merge_size=2, temporal_patch_size=2, size=size),
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
 def build_tiny_model(out_dir: Path, seed: int = 0, hidden_size: int = 128, num_layers: int = 4) -> Path:
     """Writes a random-initialised tiny Qwen3-VL (weights, tokenizer, processor) into `out_dir`."""
     check_text_shape(hidden_size, num_layers)
     import torch
-    from transformers import Qwen3VLForConditionalGeneration, Qwen3VLProcessor
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+    from transformers import Qwen3VLForConditionalGeneration
 
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer()
@@ -175,18 +189,9 @@ def build_tiny_model(out_dir: Path, seed: int = 0, hidden_size: int = 128, num_l
     model.generation_config.eos_token_id = ids["<|im_end|>"]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
 
-    size = {"shortest_edge": 16 * 16, "longest_edge": 256 * 256}
-    image_processor = Qwen2VLImageProcessor(patch_size=8, merge_size=2, temporal_patch_size=2, size=size)
-    video_processor = Qwen3VLVideoProcessor(patch_size=8, merge_size=2, temporal_patch_size=2, size=size)
-    processor = Qwen3VLProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        video_processor=video_processor,
-        chat_template=CHAT_TEMPLATE,
-    )
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
-    processor.save_pretrained(out_dir)
+    tiny_processor(tokenizer).save_pretrained(out_dir)
     num_params = sum(p.numel() for p in model.parameters())
     (out_dir / "mmrl_model.json").write_text(
         json.dumps({"kind": "tiny", "seed": seed, "num_parameters": num_params}, indent=2)

@@ -14,9 +14,12 @@ size, fewer layers), built on the GPU in bfloat16 (no weights on disk):
   absent: it bounds what bfloat16 alone costs);
 - the sharded loader (weights.build_policy) on the GPU, from a tiny checkpoint, checked against the
   checkpoint's values;
-- vLLM on the GPU, when installed (reported as skipped, with the reason, when not).
-It imports torch, transformers, peft, safetensors, numpy and pillow only (no pydantic, protobuf or
-gRPC). Without CUDA it stops at once with one line naming it; `--device cpu --tiny` runs the same
+- vLLM on the GPU, when installed (reported as skipped, with the reason, when not), through the
+  rollout service's engine and adapter registry in a process of its own (services/rollout/gpu_check.py):
+  engine start, adapter load with the adapter probe, generation tokens/s, sleep and wake ms, and the
+  learner/vLLM log-prob agreement on what vLLM generated.
+The learner parts import torch, transformers, peft, safetensors, numpy and pillow only (no pydantic,
+protobuf or gRPC); the vLLM part needs what the rollout service needs. Without CUDA it stops at once with one line naming it; `--device cpu --tiny` runs the same
 code on a tiny model on the CPU (the tests do).
 """
 
@@ -223,12 +226,62 @@ def loader_check(tokenizer: Any, ctx: Any, work: Path) -> dict[str, Any]:
     return {"ok": worst == 0.0, "max_abs_diff": worst, "build_s": round(seconds, 3)}
 
 
-def vllm_check() -> dict[str, Any]:
-    try:
-        import vllm
-    except ImportError as exc:
-        return {"skipped": True, "reason": f"vllm is not installed ({exc})"}
-    return {"skipped": True, "reason": f"vllm {vllm.__version__} is installed; its GPU check is not built yet"}
+def vllm_check(base: Any, tokenizer: Any, device: torch.device, work: Path, time_left_s: float,
+               prompts: int) -> dict[str, Any]:
+    """vLLM on this device through the rollout service's own engine and adapter registry
+    (services/rollout/gpu_check.py, a process of its own): the model saved in bfloat16, a LoRA
+    adapter with random B published as the learner publishes one (with its probe), then engine start,
+    adapter load, generation tokens/s, sleep and wake, and the learner/vLLM log-prob agreement on
+    what vLLM generated. Skipped, with the reason, where vLLM is not installed."""
+    import importlib.util
+    import os
+    import subprocess
+
+    if importlib.util.find_spec("vllm") is None:
+        return {"skipped": True, "reason": "vllm is not installed"}
+    from services.common.adapter_probe import Probe, model_logprobs, probe_token_ids
+    from services.common.tiny_model import tiny_processor
+    from services.learner.policy import add_lora, trainable_parameters
+    from services.learner.publish import publish_adapter
+
+    model_dir, shared = work / "vllm-model", work / "shared"
+    base.save_pretrained(model_dir, safe_serialization=True)
+    tiny_processor(tokenizer).save_pretrained(model_dir)
+    # The engine computes in bfloat16 on GPU, float32 on CPU: the learner's side scores in the same.
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = add_lora(base.to(dtype), run_config())
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in trainable_parameters(model):
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+    ids = probe_token_ids(tokenizer)
+    adapted = model_logprobs(model, ids, device)
+    with model.disable_adapter():
+        plain = model_logprobs(model, ids, device)
+    state = {name: param.detach() for name, param in trainable_parameters(model)}
+    publish_adapter(shared, "gpu-check", 1, state, model.peft_config["default"],
+                    extra_manifest=Probe(tuple(ids), tuple(adapted), tuple(plain)).to_manifest())
+    out = work / "vllm.json"
+    command = [sys.executable, "-m", "services.rollout.gpu_check", "--model", str(model_dir), "--shared-root",
+               str(shared), "--run", "gpu-check", "--out", str(out), "--prompts", str(prompts)]
+    if device.type == "cuda":
+        command += ["--gpu-memory-utilization", "0.5"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[2]),
+                                                                        os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(command, env=env, timeout=max(time_left_s, 1), check=False, stdout=sys.stderr)
+    if done.returncode != 0 or not out.is_file():
+        return {"ok": False, "error": f"services.rollout.gpu_check exited with {done.returncode} (its output above)"}
+    report: dict[str, Any] = json.loads(out.read_text())
+    diffs = []
+    for sample in report.pop("samples"):
+        sequence = [*sample["prompt"], *sample["completion"]]
+        learner = model_logprobs(model, sequence, device)[-len(sample["completion"]):]
+        diffs += [abs(a - b) for a, b in zip(learner, sample["logprobs"], strict=True)]
+    report["logprob_abs_diff_vs_learner"] = {"mean": statistics.fmean(diffs), "max": max(diffs),
+                                             "tokens": len(diffs)}
+    report["ok"] = report["probe"]["gap"] <= report["probe"]["tolerance"]
+    return report
 
 
 def run_check(args: argparse.Namespace) -> dict[str, Any]:
@@ -272,8 +325,15 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     _free(ctx.device)
     with tempfile.TemporaryDirectory(prefix="mmrl-gpu-check-") as tmp:
         report["loader"] = part(lambda: loader_check(tokenizer, ctx, Path(tmp)))
-    report["vllm"] = vllm_check()
-    report["ok"] = report["loader"].get("ok", False) and all(
+    if args.vllm:
+        with tempfile.TemporaryDirectory(prefix="mmrl-gpu-check-vllm-") as tmp:
+            time_left = args.time_limit_s - (time.perf_counter() - args.started)
+            report["vllm"] = part(lambda: vllm_check(random_base(config, ctx.device), tokenizer, ctx.device, Path(tmp),
+                                                     time_left - 5, args.vllm_prompts))
+        _free(ctx.device)
+    else:
+        report["vllm"] = {"skipped": True, "reason": "--no-vllm"}
+    report["ok"] = report["loader"].get("ok", False) and report["vllm"].get("ok", True) and all(
         phase.get("finite") and phase["grad_norm"] > 0 and not phase["skipped_steps"] for phase in report["learner"]
     )
     return report
@@ -303,7 +363,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--turns", type=int, default=10, help="turns (frames) per episode")
     parser.add_argument("--steps", type=int, default=3, help="timed train steps per phase (after one warm-up)")
     parser.add_argument("--time-limit-s", type=float, default=480.0, help="the whole check stops after this")
+    parser.add_argument("--vllm", action=argparse.BooleanOptionalAction, default=True,
+                        help="also check vLLM on the device when it is installed (default: on)")
+    parser.add_argument("--vllm-prompts", type=int, default=64, help="requests of vLLM's timed generation")
     args = parser.parse_args(argv)
+    args.started = time.perf_counter()
     if args.device == "cuda" and not torch.cuda.is_available():
         print(f"gpu check: CUDA is not available (torch {torch.__version__}, torch.cuda.is_available() is False);"
               " run it on a machine with an NVIDIA GPU", file=sys.stderr)

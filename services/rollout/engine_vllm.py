@@ -113,7 +113,7 @@ class VllmEngine:
             placeholder_token_ids=_placeholder_token_ids(llm.model_config.hf_config),
             sleep_supported=bool(current_platform.is_sleep_mode_available()),
             lora_supported=config.enable_lora,
-            dtype=str(llm.model_config.dtype).removeprefix("torch."),
+            dtype=config.resolved_dtype(current_platform.is_cpu()),
         )
 
     @classmethod

@@ -78,7 +78,8 @@ async def services(spans: Any, tiny_model_dir: Path, tmp_path: Path) -> AsyncIte
                              ENV_SERVICE, "127.0.0.1:0")
     shared = tmp_path / "shared"
     (tmp_path / "cache").mkdir()
-    rollout = await RolloutServer.start(RolloutConfig(model=str(tiny_model_dir)), "127.0.0.1:0",
+    # The stand-in engine's log-probs are arithmetic, not the model's: the adapter probe could only refuse.
+    rollout = await RolloutServer.start(RolloutConfig(model=str(tiny_model_dir), adapter_probe="off"), "127.0.0.1:0",
                                         shared_root=shared, cache_dir=tmp_path / "cache")
     engine = TinyLayoutEngine(AutoTokenizer.from_pretrained(tiny_model_dir))
 

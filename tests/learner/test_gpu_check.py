@@ -71,3 +71,23 @@ def test_the_time_limit_interrupts_a_check_that_overruns_it() -> None:
 
     with pytest.raises(gpu_check.CheckTimeout, match="time limit of 0 s"), gpu_check.time_limit(0.05):
         time.sleep(1)
+
+
+@pytest.mark.slow
+def test_the_vllm_part_runs_the_rollout_engine_and_registry_on_the_cpu_backend() -> None:
+    pytest.importorskip("vllm")
+    done = subprocess.run(
+        [sys.executable, "-m", "services.learner.gpu_check", "--device", "cpu", "--tiny", "--groups", "2",
+         "--group-size", "2", "--turns", "2", "--steps", "1", "--vllm-prompts", "8", "--time-limit-s", "400"],
+        env=_env(), capture_output=True, text=True, timeout=500, cwd=REPO,
+    )
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0 and report["ok"], (report, done.stderr[-3000:])
+    vllm = report["vllm"]
+    assert vllm["dtype"] == "float32" and vllm["engine_start_s"] > 0 and vllm["adapter_load_ms"] > 0
+    # The published version's probe, scored by the engine: the learner's values, and the adapter shows.
+    assert vllm["probe"]["gap"] < 1e-4 and vllm["probe"]["served_effect"] > 10 * vllm["probe"]["tolerance"]
+    assert vllm["generate"]["generated_tokens"] > 0 and vllm["generate"]["generated_tokens_per_s"] > 0
+    assert vllm["sleep"]["skipped"] and "GPU" in vllm["sleep"]["reason"]
+    agreement = vllm["logprob_abs_diff_vs_learner"]
+    assert agreement["tokens"] > 0 and agreement["mean"] < 1e-4, agreement

