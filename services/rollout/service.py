@@ -6,7 +6,8 @@ started and warmed up, and again as soon as a background probe finds the engine 
 
 Sleep and Generate never overlap: from the moment a Sleep arrives, new Generate calls are refused
 (FAILED_PRECONDITION) and the Sleep waits for the calls already running to finish, since vLLM's sleep
-would abort them. Sleep and WakeUp run one at a time: a WakeUp that arrives while a Sleep waits wakes
+would abort them. LoadAdapter runs the adapter probe on the engine (services/rollout/adapters.py), so
+with the probe on it is treated the same way. Sleep and WakeUp run one at a time: a WakeUp that arrives while a Sleep waits wakes
 the engine once that Sleep is done, and a second Sleep returns only once the engine is asleep.
 """
 
@@ -132,7 +133,19 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         ready = self._get_ready()
         if not ready.engine.info.lora_supported:
             raise FailedPrecondition("this rollout service was started with enable_lora=false")
-        adapter, load_ms = await ready.adapters.load(request.run_id, int(request.version), request.path)
+        probing = self.config.adapter_probe != "off"
+        if probing and (self._asleep or self._sleep_pending):
+            raise FailedPrecondition("the engine is asleep (Sleep was called) and the adapter probe needs it "
+                                     "awake; call WakeUp first")
+        if probing:  # the probe runs on the engine: a Sleep waits for it as for a Generate call
+            self._generating += 1
+        try:
+            adapter, load_ms = await ready.adapters.load(request.run_id, int(request.version), request.path)
+        finally:
+            if probing:
+                self._generating -= 1
+                async with self._generate_done:
+                    self._generate_done.notify_all()
         metrics.adapter_loaded(adapter.run_id, adapter.version, load_ms)
         return rollout_pb2.LoadAdapterResponse(run_id=adapter.run_id, version=adapter.version,
                                                manifest_sha256=adapter.manifest_sha256, load_ms=load_ms)

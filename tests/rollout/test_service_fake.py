@@ -200,6 +200,20 @@ async def test_sleep_level_2_is_refused_because_wake_up_would_not_reload_the_wei
     assert len((await service.stub.Generate(rollout_pb2.GenerateRequest(requests=[_request()]))).results) == 1
 
 
+async def test_load_adapter_while_asleep_is_refused_because_its_probe_needs_the_engine(service: Service) -> None:
+    service.engine = FakeEngine(sleep_supported=True)
+    await _attach(service)
+    publish(service.shared, "run", 1)
+    await service.stub.Sleep(rollout_pb2.SleepRequest())
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await service.stub.LoadAdapter(rollout_pb2.LoadAdapterRequest(run_id="run", version=1))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "adapter probe needs it awake; call WakeUp first" in (info.value.details() or "")
+    await service.stub.WakeUp(rollout_pb2.WakeUpRequest())
+    loaded = await service.stub.LoadAdapter(rollout_pb2.LoadAdapterRequest(run_id="run", version=1))
+    assert loaded.version == 1
+
+
 async def test_load_adapter_with_lora_disabled_is_a_failed_precondition(service: Service) -> None:
     service.engine = FakeEngine(lora_supported=False)
     await _attach(service)
