@@ -26,7 +26,6 @@ from typing import Any, Protocol
 
 from services.common import storage
 
-MANIFEST_KEY = storage.PROBE_KEY
 PROBE_TEXT = ("Adapter probe. The image shows the agent's surroundings. Reply with one move: up, down, "
               "left or right. left right up down left")
 
@@ -62,13 +61,13 @@ class Probe:
             raise ValueError("probe log-probs must be finite")
 
     def to_manifest(self) -> dict[str, Any]:
-        return {MANIFEST_KEY: {"token_ids": list(self.token_ids), "logprobs": list(self.logprobs),
+        return {storage.PROBE_KEY: {"token_ids": list(self.token_ids), "logprobs": list(self.logprobs),
                                "base_logprobs": list(self.base_logprobs)}}
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any]) -> Probe | None:
         """The probe a manifest carries; None if it has none; ValueError if it is malformed."""
-        entry = manifest.get(MANIFEST_KEY)
+        entry = manifest.get(storage.PROBE_KEY)
         if entry is None:
             return None
         try:
@@ -88,6 +87,14 @@ def model_logprobs(model: Any, token_ids: Sequence[int], device: Any = "cpu") ->
         logits = model(input_ids=input_ids, mm_token_type_ids=torch.zeros_like(input_ids), use_cache=False).logits
     log_probs = torch.log_softmax(logits[0, :-1].float(), dim=-1)
     return log_probs.gather(-1, input_ids[0, 1:].unsqueeze(-1)).squeeze(-1).tolist()
+
+
+def measure(peft_model: Any, token_ids: Sequence[int], device: Any = "cpu") -> Probe:
+    """The probe of a peft model's adapter: `model_logprobs` with the adapter, then with it disabled."""
+    logprobs = model_logprobs(peft_model, token_ids, device)
+    with peft_model.disable_adapter():
+        base = model_logprobs(peft_model, token_ids, device)
+    return Probe(tuple(token_ids), tuple(logprobs), tuple(base))
 
 
 def mean_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:

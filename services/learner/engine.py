@@ -166,10 +166,7 @@ class LearnerEngine:
         assert self.run is not None
         model = self.run.model
         set_lora_dropout(model, False)
-        logprobs = adapter_probe.model_logprobs(model, self.probe_ids, self.ctx.device)
-        with model.disable_adapter():
-            base = adapter_probe.model_logprobs(model, self.probe_ids, self.ctx.device)
-        return adapter_probe.Probe(tuple(self.probe_ids), tuple(logprobs), tuple(base))
+        return adapter_probe.measure(model, self.probe_ids, self.ctx.device)
 
     def save_checkpoint(self) -> tuple[Path, float] | None:
         """Writes the checkpoint of the current step (rank 0 writes; None on other ranks)."""

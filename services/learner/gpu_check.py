@@ -239,7 +239,7 @@ def vllm_check(base: Any, tokenizer: Any, device: torch.device, work: Path, time
 
     if importlib.util.find_spec("vllm") is None:
         return {"skipped": True, "reason": "vllm is not installed"}
-    from services.common.adapter_probe import Probe, model_logprobs, probe_token_ids
+    from services.common.adapter_probe import measure, model_logprobs, probe_token_ids
     from services.common.tiny_model import tiny_processor
     from services.learner.policy import add_lora, trainable_parameters
     from services.learner.publish import publish_adapter
@@ -255,13 +255,9 @@ def vllm_check(base: Any, tokenizer: Any, device: torch.device, work: Path, time
         for name, param in trainable_parameters(model):
             if "lora_B" in name:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
-    ids = probe_token_ids(tokenizer)
-    adapted = model_logprobs(model, ids, device)
-    with model.disable_adapter():
-        plain = model_logprobs(model, ids, device)
     state = {name: param.detach() for name, param in trainable_parameters(model)}
     publish_adapter(shared, "gpu-check", 1, state, model.peft_config["default"],
-                    extra_manifest=Probe(tuple(ids), tuple(adapted), tuple(plain)).to_manifest())
+                    extra_manifest=measure(model, probe_token_ids(tokenizer), device).to_manifest())
     out = work / "vllm.json"
     command = [sys.executable, "-m", "services.rollout.gpu_check", "--model", str(model_dir), "--shared-root",
                str(shared), "--run", "gpu-check", "--out", str(out), "--prompts", str(prompts)]

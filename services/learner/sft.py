@@ -91,7 +91,7 @@ from services.learner.distributed import (
     init_distributed,
     is_sharded,
 )
-from services.learner.policy import load_processor, token_logprobs
+from services.learner.policy import load_processor, token_logprobs, trainable_parameters
 from services.learner.trainer import micro_batches
 
 log = logging.getLogger("mmrl.learner.sft")
@@ -491,7 +491,7 @@ class _Fitter:
             after_update: Callable[[int, list[dict[str, Any]]], bool] | None = None) -> list[dict[str, Any]]:
         """`updates` optimiser updates; `after_update(update, history)` returning True ends the phase early."""
         config, model, ctx = self.config, self.model, self.ctx
-        params = sft_ranks.trained_parameters(model)
+        params = [p for _, p in trainable_parameters(model)]
         optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: min(1.0, (step + 1) / config.warmup_steps) if config.warmup_steps else 1.0)

@@ -27,7 +27,7 @@ import torch
 from services.common.training import TrainSettings
 from services.learner.distributed import DistContext, is_sharded, plan_shards, shard_model
 from services.learner.engine import resolve_dtype
-from services.learner.policy import add_lora, load_base_model, trainable_parameters
+from services.learner.policy import add_lora, load_base_model
 
 
 def compute_dtype(config: Any, ctx: DistContext) -> torch.dtype:
@@ -104,7 +104,3 @@ def _save_merged(model: Any, config: Any, ctx: DistContext, tmp: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="mmrl-sft-adapter-") as adapter_dir:
         write_adapter(Path(adapter_dir), state, peft_config)
         merge_adapter(Path(adapter_dir), tmp, base_model=Path(config.base_model), force=True)
-
-
-def trained_parameters(model: Any) -> list[torch.nn.Parameter]:
-    return [p for _, p in trainable_parameters(model)]

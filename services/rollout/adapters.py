@@ -49,6 +49,8 @@ class LoadedAdapter:
     """The engine's handle; `ref.path` is the verified local copy."""
     in_flight: int = 0
     retired: bool = False
+    probe: adapter_probe.ProbeResult | None = None
+    """What the adapter probe measured when it was loaded (None: not probed)."""
 
 
 ProbeMode = Literal["required", "if_present", "off"]
@@ -198,13 +200,14 @@ class AdapterRegistry:
             ref = AdapterRef(name=f"{run_id}-v{version}", lora_int_id=next(self._ids), path=str(copy),
                              version=version)
             await self._engine.add_adapter(ref)
+            checked = None
             if probe is not None:
                 try:
-                    await self._check_probe(probe, ref, run_id)
+                    checked = await self._check_probe(probe, ref, run_id)
                 except BaseException:
                     await self._remove_quietly(ref, run_id)
                     raise
-            return LoadedAdapter(run_id, version, source, storage.manifest_sha256(copy), ref)
+            return LoadedAdapter(run_id, version, source, storage.manifest_sha256(copy), ref, probe=checked)
         except (FileNotFoundError, shutil.Error) as exc:  # copytree gathers every file's error into shutil.Error
             shutil.rmtree(copy, ignore_errors=True)
             if source.is_dir():
@@ -234,7 +237,8 @@ class AdapterRegistry:
                                      "base model?)")
         return probe
 
-    async def _check_probe(self, probe: adapter_probe.Probe, ref: AdapterRef, run_id: str) -> None:
+    async def _check_probe(self, probe: adapter_probe.Probe, ref: AdapterRef,
+                           run_id: str) -> adapter_probe.ProbeResult:
         served = await self._engine.score(probe.token_ids, ref)
         base = await self._engine.score(probe.token_ids, None)
         result = adapter_probe.check(probe, served, base, self._probe.tolerance)
@@ -247,8 +251,10 @@ class AdapterRegistry:
         if problem is not None:
             raise FailedPrecondition(f"replica {self._probe.replica}: adapter {run_id} v{ref.version} is not "
                                      f"served as the learner published it: {problem}")
+        return result
 
     async def _remove_quietly(self, ref: AdapterRef, run_id: str) -> None:
+        """Removes an adapter from the engine; an engine failure is logged, not raised."""
         try:
             await self._engine.remove_adapter(ref)
         except Exception as exc:
@@ -284,9 +290,5 @@ class AdapterRegistry:
         """Removes a retired adapter from the engine and deletes its local copy. An engine failure is
         logged, not raised: the requests or the load that led here have already succeeded."""
         self._by_id.pop(adapter.ref.lora_int_id, None)
-        try:
-            await self._engine.remove_adapter(adapter.ref)
-        except Exception as exc:
-            log.error("adapter unload failed", extra={"run_id": adapter.run_id, "version": adapter.version,
-                                                      "error": repr(exc)})
+        await self._remove_quietly(adapter.ref, adapter.run_id)
         shutil.rmtree(adapter.ref.path, ignore_errors=True)

@@ -27,8 +27,6 @@ NUM_SAMPLES = 8
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from services.common import storage
-    from services.common.adapter_probe import Probe, check
     from services.rollout.adapters import AdapterRegistry, ProbePolicy
     from services.rollout.config import RolloutConfig
     from services.rollout.engine import EngineRequest, Sampling
@@ -46,10 +44,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                        max_rank=16, probe=ProbePolicy("required", tolerance, "gpu-check"))
             adapter, load_ms = await registry.load(args.run, 1)
             report["adapter_load_ms"] = round(load_ms, 1)  # copy, verify, load into the engine, probe
-            probe = Probe.from_manifest(storage.verify_manifest(adapter.source))
-            assert probe is not None
-            result = check(probe, await engine.score(probe.token_ids, adapter.ref),
-                           await engine.score(probe.token_ids, None), tolerance)
+            result = adapter.probe
+            assert result is not None  # probed: the registry requires a probe
             report["probe"] = {"gap": result.gap, "learner_effect": result.learner_effect,
                                "served_effect": result.served_effect, "tolerance": tolerance}
 

@@ -14,11 +14,12 @@ the engine once that Sleep is done, and a second Sleep returns only once the eng
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -78,7 +79,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self._asleep = False  # the engine is (or, after a Sleep that failed midway, may be) asleep
         self._sleep_pending = False  # a Sleep waits for the running Generate calls: new ones are refused
         self._sleep_lock = asyncio.Lock()  # Sleep and WakeUp, one at a time
-        self._generating = 0  # Generate calls in the engine
+        self._generating = 0  # Generate calls (and probing LoadAdapter calls) in the engine
         self._generate_done = asyncio.Condition()
         self._frames = FrameCache(config.image_cache_mb * 2**20)  # an episode's frames come every turn
 
@@ -87,6 +88,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     def detach(self) -> None:
         self._ready = None
+
+    @contextlib.asynccontextmanager
+    async def _engine_in_use(self) -> AsyncIterator[None]:
+        """Counts a call that runs on the engine, so that a Sleep waits for it; counted out whatever
+        happens, or a waiting Sleep would wait forever."""
+        self._generating += 1
+        try:
+            yield
+        finally:
+            self._generating -= 1
+            async with self._generate_done:
+                self._generate_done.notify_all()
 
     def _get_ready(self) -> Ready:
         if self._ready is None:
@@ -104,17 +117,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         parsed, keys = parse_requests(request.requests, ready.engine.info, self.config.max_requests_per_call,
                                       self.config.limit_images_per_prompt, self._frames)
         refs = ready.adapters.acquire(keys)
-        self._generating += 1
-        try:
-            results = await ready.engine.generate(
-                [replace(r, adapter=ref) for r, ref in zip(parsed, refs, strict=True)])
-        finally:
+        async with self._engine_in_use():
             try:
+                results = await ready.engine.generate(
+                    [replace(r, adapter=ref) for r, ref in zip(parsed, refs, strict=True)])
+            finally:
                 await ready.adapters.release(refs)  # may unload retired adapters: before a waiting Sleep runs
-            finally:  # counted out whatever happens there, or a waiting Sleep would wait forever
-                self._generating -= 1
-                async with self._generate_done:
-                    self._generate_done.notify_all()
         response = rollout_pb2.GenerateResponse()
         for result, ref in zip(results, refs, strict=True):
             _fill_result(response.results.add(), result, ref.version if ref is not None else 0)
@@ -137,15 +145,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         if probing and (self._asleep or self._sleep_pending):
             raise FailedPrecondition("the engine is asleep (Sleep was called) and the adapter probe needs it "
                                      "awake; call WakeUp first")
-        if probing:  # the probe runs on the engine: a Sleep waits for it as for a Generate call
-            self._generating += 1
-        try:
+        # The probe runs on the engine: a Sleep waits for it as for a Generate call.
+        async with self._engine_in_use() if probing else contextlib.nullcontext():
             adapter, load_ms = await ready.adapters.load(request.run_id, int(request.version), request.path)
-        finally:
-            if probing:
-                self._generating -= 1
-                async with self._generate_done:
-                    self._generate_done.notify_all()
         metrics.adapter_loaded(adapter.run_id, adapter.version, load_ms)
         return rollout_pb2.LoadAdapterResponse(run_id=adapter.run_id, version=adapter.version,
                                                manifest_sha256=adapter.manifest_sha256, load_ms=load_ms)

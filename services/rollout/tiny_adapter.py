@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from services.common.adapter_probe import Probe, model_logprobs, probe_token_ids
+from services.common.adapter_probe import Probe, measure, probe_token_ids
 from services.common.conversation import ChatTokens, expand_image_placeholders
 from services.common.storage import publish_directory
 
@@ -82,11 +82,7 @@ def probe(peft_model: Any) -> Probe:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(peft_model.peft_config["default"].base_model_name_or_path)
-    token_ids = probe_token_ids(tokenizer)
-    logprobs = model_logprobs(peft_model, token_ids)
-    with peft_model.disable_adapter():
-        base = model_logprobs(peft_model, token_ids)
-    return Probe(tuple(token_ids), tuple(logprobs), tuple(base))
+    return measure(peft_model, probe_token_ids(tokenizer))
 
 
 def publish_adapter(peft_model: Any, final_dir: Path, extra_manifest: dict[str, Any] | None = None) -> Path:
