@@ -33,7 +33,7 @@ demo: setup
 	$(BIN)/mmrl demo $(DEMO_ARGS)
 
 protos: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -I protos --python_out=. --grpc_python_out=. --pyi_out=. protos/mmrl/v1/*.proto
+	$(BIN)/python -m grpc_tools.protoc -I protos --python_out=. --grpc_python_out=. --pyi_out=. protos/mmrl_proto/v1/*.proto
 
 lint: $(STAMP)
 	$(BIN)/ruff check services mmrl tests

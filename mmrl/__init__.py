@@ -1,7 +1,8 @@
 """MMRL: multi-turn reinforcement learning for vision-language agents.
 
-`mmrl.v1` holds the gRPC stubs generated from `protos/mmrl/v1/*.proto` (never edited by hand:
-`make protos` regenerates them); `mmrl.cli` is the `mmrl` command line.
+`mmrl` is the top layer: the `mmrl` command line (`mmrl.cli`) and the offline jobs it runs (SFT,
+export, benchmarks, the demo's report). The services live in `services`, the generated gRPC stubs in
+`mmrl_proto`.
 """
 
 __version__ = "0.1.0"

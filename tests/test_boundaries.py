@@ -63,7 +63,7 @@ def test_only_the_coordinators_clients_speak_protobuf() -> None:
     speaking = {
         str(path.relative_to(ROOT))
         for path in (ROOT / "services" / "coordinator").rglob("*.py")
-        if any(name.startswith("mmrl.v1") for name in _imported_modules(path))
+        if any(name.startswith("mmrl_proto") for name in _imported_modules(path))
     }
     assert speaking == {"services/coordinator/clients.py"}
 

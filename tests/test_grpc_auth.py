@@ -9,7 +9,7 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from mmrl.v1 import env_pb2, env_pb2_grpc
+from mmrl_proto.v1 import env_pb2, env_pb2_grpc
 from services.common.grpc_auth import TOKEN_ENV
 from services.common.grpc_server import (
     CHANNEL_OPTIONS,

@@ -10,7 +10,7 @@ import time
 import grpc
 import pytest
 
-from mmrl.v1 import env_pb2, env_pb2_grpc
+from mmrl_proto.v1 import env_pb2, env_pb2_grpc
 from services.common.grpc_server import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS, channel, start_server
 from services.env.config import EnvConfig
 from services.env.environment import MazeEnv

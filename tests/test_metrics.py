@@ -12,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mmrl.v1 import env_pb2, env_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from mmrl_proto.v1 import env_pb2, env_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from services.common import tracing
 from services.common.grpc_server import channel, start_server
 from services.common.metrics import ClientMetricsInterceptor, ServerMetricsInterceptor, serve_metrics

@@ -1,4 +1,4 @@
-"""The committed stubs in mmrl/v1 are exactly what grpcio-tools generates from protos/."""
+"""The committed stubs in mmrl_proto/v1 are exactly what grpcio-tools generates from protos/."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_generated_stubs_match_the_protos(tmp_path: Path) -> None:
-    protos = sorted((ROOT / "protos").glob("mmrl/v1/*.proto"))
+    protos = sorted((ROOT / "protos").glob("mmrl_proto/v1/*.proto"))
     assert protos, "no .proto files found"
     subprocess.run(
         [sys.executable, "-m", "grpc_tools.protoc", "-I", str(ROOT / "protos"),
@@ -21,7 +21,7 @@ def test_generated_stubs_match_the_protos(tmp_path: Path) -> None:
     generated = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*.py*")}
     committed = {
         p.relative_to(ROOT): p.read_bytes()
-        for p in (ROOT / "mmrl" / "v1").glob("*_pb2*.py*")
+        for p in (ROOT / "mmrl_proto" / "v1").glob("*_pb2*.py*")
     }
     assert set(generated) == set(committed), "run `make protos`: stub files differ"
     stale = [str(name) for name, data in generated.items() if committed[name] != data]
@@ -29,7 +29,7 @@ def test_generated_stubs_match_the_protos(tmp_path: Path) -> None:
 
 
 def test_every_service_is_in_package_mmrl_v1() -> None:
-    protos = sorted((ROOT / "protos" / "mmrl" / "v1").glob("*.proto"))
+    protos = sorted((ROOT / "protos" / "mmrl_proto" / "v1").glob("*.proto"))
     assert protos
     for proto in protos:
         assert "package mmrl.v1;" in proto.read_text(), proto

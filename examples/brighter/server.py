@@ -9,7 +9,7 @@ was right), or truncated when `max_moves` (default: rounds) runs out first.
     python examples/brighter/server.py --port 50061
     mmrl env check 127.0.0.1:50061
 
-Only the generated stubs (mmrl.v1), grpcio, grpcio-health-checking, grpcio-reflection and Pillow.
+Only the generated stubs (mmrl_proto.v1), grpcio, grpcio-health-checking, grpcio-reflection and Pillow.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from PIL import Image
 
-from mmrl.v1 import env_pb2 as pb
-from mmrl.v1 import env_pb2_grpc
+from mmrl_proto.v1 import env_pb2 as pb
+from mmrl_proto.v1 import env_pb2_grpc
 
 SERVICE = pb.DESCRIPTOR.services_by_name["EnvService"].full_name
 ACTIONS = ("left", "right")

@@ -9,7 +9,7 @@ import random
 from collections import Counter
 
 from mmrl.envcheck.probe import CheckFailed, Context, image_pixels, observation_of
-from mmrl.v1 import env_pb2
+from mmrl_proto.v1 import env_pb2
 
 MAX_TURNS = 32  # turns played per episode at most
 TURN_LIMIT = 3  # move budget of the turn-limit check

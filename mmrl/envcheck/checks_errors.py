@@ -7,7 +7,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mmrl.envcheck.probe import CHECK_SEED, CheckFailed, Context, expect_status, status_of
-from mmrl.v1 import env_pb2
+from mmrl_proto.v1 import env_pb2
 
 OVERSIZED_BATCH = 10_000
 UNKNOWN_OPTION = "mmrl-env-check-unknown-option"

@@ -9,7 +9,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from mmrl.envcheck.probe import CHECK_SEED, KNOWN_CAPABILITIES, CheckFailed, Context, shown_spec, spec_key
-from mmrl.v1 import env_pb2
+from mmrl_proto.v1 import env_pb2
 
 SERVICE = env_pb2.DESCRIPTOR.services_by_name["EnvService"].full_name  # mmrl.v1.EnvService
 DISJOINT_DRAWS, DISJOINT_COUNT = 4, 256  # training tasks compared with the eval sets: draws x count

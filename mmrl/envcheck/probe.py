@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import grpc
 from PIL import Image
 
-from mmrl.v1 import common_pb2, env_pb2, env_pb2_grpc
+from mmrl_proto.v1 import common_pb2, env_pb2, env_pb2_grpc
 from services.common.grpc_server import channel
 
 CHECK_SEED = "mmrl-env-check"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # protobuf is needed only at the wire (the learner's GPU check runs without it)
-    from mmrl.v1 import common_pb2
+    from mmrl_proto.v1 import common_pb2
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Trajectory:
         return sum(self.loss_mask)
 
     def to_proto(self) -> common_pb2.Trajectory:
-        from mmrl.v1 import common_pb2
+        from mmrl_proto.v1 import common_pb2
 
         return common_pb2.Trajectory(
             trajectory_id=self.trajectory_id,

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from mmrl.v1 import env_pb2, env_pb2_grpc, learner_pb2, learner_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from mmrl_proto.v1 import env_pb2, env_pb2_grpc, learner_pb2, learner_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from services.common.grpc_server import channel, check_health
 from services.common.training import TrainSettings
 from services.common.trajectory import Trajectory

@@ -25,7 +25,7 @@ from services.env.store import EpisodeStore
 
 
 class ActionLike(Protocol):
-    """One action of a Step batch; `mmrl.v1.env_pb2.EpisodeAction` is one."""
+    """One action of a Step batch; `mmrl_proto.v1.env_pb2.EpisodeAction` is one."""
 
     @property
     def episode_id(self) -> str: ...

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mmrl.v1 import env_pb2, env_pb2_grpc
+from mmrl_proto.v1 import env_pb2, env_pb2_grpc
 from services.common.grpc_server import channel
 from services.common.maze import generate_maze
 from services.common.messages import summary

@@ -11,7 +11,7 @@ import argparse
 import asyncio
 import sys
 
-from mmrl.v1 import env_pb2_grpc
+from mmrl_proto.v1 import env_pb2_grpc
 from services.common.config_files import load_model_file
 from services.common.grpc_server import start_server, wait_for_termination
 from services.common.logging import setup_logging

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import struct_pb2
 
-from mmrl.v1 import env_pb2, env_pb2_grpc
+from mmrl_proto.v1 import env_pb2, env_pb2_grpc
 from services.env import metrics
 from services.env.batched import Environment, EpisodeView
 from services.env.errors import EnvError

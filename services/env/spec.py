@@ -30,7 +30,7 @@ OPTIONS = ("goal", "require_stop", "size", "start", "unit_px")
 
 
 class SpecLike(Protocol):
-    """What an episode spec provides; `mmrl.v1.env_pb2.EpisodeSpec` is one."""
+    """What an episode spec provides; `mmrl_proto.v1.env_pb2.EpisodeSpec` is one."""
 
     @property
     def seed(self) -> int: ...

@@ -133,7 +133,7 @@ async def drive(
     """ConfigureRun, one TrainStep per batch (the first a warm-up, the others timed),
     PublishAdapter, SaveCheckpoint; returns the numbers, with each rank's peak resident memory when
     `launcher_pid` is the learner process."""
-    from mmrl.v1 import learner_pb2, learner_pb2_grpc
+    from mmrl_proto.v1 import learner_pb2, learner_pb2_grpc
     from services.common.grpc_server import channel
     from services.learner.memory import PhasePeaks
 

@@ -69,7 +69,7 @@ def torchrun_command(settings: LearnerSettings, launch: Launch) -> list[str]:
 
 async def serve(settings: LearnerSettings, engine: object, port_file: Path | None) -> None:
     """Rank 0: the gRPC server driving every rank, until SIGTERM/SIGINT."""
-    from mmrl.v1 import learner_pb2_grpc
+    from mmrl_proto.v1 import learner_pb2_grpc
     from services.common.grpc_server import start_server, wait_for_termination
     from services.common.metrics import start_observability
     from services.learner.driver import LearnerDriver

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import grpc
 
-from mmrl.v1 import learner_pb2, learner_pb2_grpc
+from mmrl_proto.v1 import learner_pb2, learner_pb2_grpc
 from services.common import storage
 from services.common.trajectory import Trajectory
 from services.learner import metrics

@@ -62,7 +62,7 @@ import torch
 from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from mmrl.v1 import env_pb2, env_pb2_grpc
+from mmrl_proto.v1 import env_pb2, env_pb2_grpc
 from services.common.conversation import (
     DEFAULT_SYSTEM_PROMPT,
     ChatTokens,

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mmrl.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from mmrl_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from services.common import storage
 from services.common.conversation import ChatTokens
 from services.common.grpc_server import channel

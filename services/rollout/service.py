@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from mmrl.v1 import rollout_pb2, rollout_pb2_grpc
+from mmrl_proto.v1 import rollout_pb2, rollout_pb2_grpc
 from services.common.grpc_server import RunningServer, start_server
 from services.rollout import metrics
 from services.rollout.adapters import AdapterRegistry, ProbePolicy

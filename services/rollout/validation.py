@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mmrl.v1 import common_pb2, rollout_pb2
+from mmrl_proto.v1 import common_pb2, rollout_pb2
 from services.rollout.engine import EngineRequest, ModelInfo, Sampling
 from services.rollout.errors import InvalidArgument
 from services.rollout.frames import Frame, FrameCache

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from mmrl.v1 import env_pb2_grpc
+from mmrl_proto.v1 import env_pb2_grpc
 from services.common.grpc_server import start_server
 from services.common.procs import free_port, start_redis, stop_process
 from services.coordinator.clients import CallPolicy, EnvClient

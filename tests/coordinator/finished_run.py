@@ -132,7 +132,7 @@ async def record_finished_run(store: RunStore, env: Any, shared_root: Path, run_
 
 async def record_with_env_server(redis_url: str, shared_root: Path, run_id: str = "console-tiny") -> str:
     """`record_finished_run` with its own env service on loopback (for tests that are not async)."""
-    from mmrl.v1 import env_pb2_grpc
+    from mmrl_proto.v1 import env_pb2_grpc
     from services.common.grpc_server import start_server
     from services.coordinator.clients import CallPolicy, EnvClient
     from services.env.config import EnvConfig

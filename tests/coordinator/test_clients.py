@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from mmrl.v1 import rollout_pb2
+from mmrl_proto.v1 import rollout_pb2
 from services.coordinator.clients import CallPolicy, RolloutClient, ServiceError
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mmrl.v1 import env_pb2_grpc, learner_pb2_grpc
+from mmrl_proto.v1 import env_pb2_grpc, learner_pb2_grpc
 from services.common import tracing
 from services.common.conversation import ChatTokens
 from services.common.grpc_server import start_server

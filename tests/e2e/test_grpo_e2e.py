@@ -18,7 +18,7 @@ import pytest
 
 from mmrl.cli.run import ApiClient, load_config_dict
 from mmrl.cli.stack import Stack, StackConfig
-from mmrl.v1 import rollout_pb2, rollout_pb2_grpc
+from mmrl_proto.v1 import rollout_pb2, rollout_pb2_grpc
 from services.common import storage
 from services.common.grpc_server import channel
 

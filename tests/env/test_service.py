@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from PIL import Image
 
-from mmrl.v1 import env_pb2, env_pb2_grpc
+from mmrl_proto.v1 import env_pb2, env_pb2_grpc
 from services.common.grpc_server import RunningServer, channel, start_server
 from services.common.maze import generate_maze, solve
 from services.env.config import EnvConfig

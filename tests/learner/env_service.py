@@ -12,7 +12,7 @@ T = TypeVar("T")
 def with_env_service(work: Callable[[str], T], env: Any = None) -> T:
     """Runs `work(address)` in a thread while a real env gRPC service (`env`, default a MazeEnv)
     listens on loopback."""
-    from mmrl.v1 import env_pb2_grpc
+    from mmrl_proto.v1 import env_pb2_grpc
     from services.common.grpc_server import start_server
     from services.env.config import EnvConfig
     from services.env.environment import MazeEnv

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from mmrl.cli import main as cli
-from mmrl.v1 import learner_pb2, learner_pb2_grpc
+from mmrl_proto.v1 import learner_pb2, learner_pb2_grpc
 from services.common.grpc_server import channel
 from services.common.settings_cli import given_values, settings_from
 from services.common.trajectory import Trajectory

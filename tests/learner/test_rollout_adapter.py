@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from mmrl.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from mmrl_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from services.common.conversation import ChatTokens, TokenConversation
 from services.common.grpc_server import channel
 from services.common.trajectory import Trajectory

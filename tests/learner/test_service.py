@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from mmrl.v1 import learner_pb2, learner_pb2_grpc
+from mmrl_proto.v1 import learner_pb2, learner_pb2_grpc
 from services.common import storage
 from services.common.adapter_probe import Probe, model_logprobs
 from services.common.grpc_server import channel, start_server

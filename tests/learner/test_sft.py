@@ -122,7 +122,7 @@ def test_frame_reading_answers_with_the_moves_the_env_service_lets_through(tiny_
     import grpc
     from transformers import AutoTokenizer
 
-    from mmrl.v1 import env_pb2, env_pb2_grpc
+    from mmrl_proto.v1 import env_pb2, env_pb2_grpc
     from services.learner.sft import READING_QUESTION, frame_reading_questions
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

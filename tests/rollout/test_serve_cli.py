@@ -15,7 +15,7 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from mmrl.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from mmrl_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from services.common.grpc_server import channel
 from services.common.procs import free_port
 from services.rollout.service import SERVICE_NAME

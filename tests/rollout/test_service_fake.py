@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from mmrl.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from mmrl_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from services.common.grpc_server import channel
 from services.rollout.config import RolloutConfig
 from services.rollout.engine import Engine

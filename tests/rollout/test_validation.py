@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mmrl.v1 import common_pb2, rollout_pb2
+from mmrl_proto.v1 import common_pb2, rollout_pb2
 from services.rollout.engine import ModelInfo
 from services.rollout.errors import InvalidArgument
 from services.rollout.frames import FrameCache

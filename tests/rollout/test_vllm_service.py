@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from mmrl.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from mmrl_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from services.common import storage
 from services.common.conversation import ChatTokens
 from services.common.grpc_server import channel

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from mmrl.v1 import env_pb2 as mmrl_dot_v1_dot_env__pb2
+from mmrl_proto.v1 import env_pb2 as mmrl__proto_dot_v1_dot_env__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in mmrl/v1/env_pb2_grpc.py depends on'
+        + ' but the generated code in mmrl_proto/v1/env_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -39,33 +39,33 @@ class EnvServiceStub:
         """
         self.GetEnvInfo = channel.unary_unary(
                 '/mmrl.v1.EnvService/GetEnvInfo',
-                request_serializer=mmrl_dot_v1_dot_env__pb2.GetEnvInfoRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_env__pb2.EnvInfo.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_env__pb2.GetEnvInfoRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_env__pb2.EnvInfo.FromString,
                 _registered_method=True)
         self.GetTrainingTasks = channel.unary_unary(
                 '/mmrl.v1.EnvService/GetTrainingTasks',
-                request_serializer=mmrl_dot_v1_dot_env__pb2.GetTrainingTasksRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_env__pb2.GetTrainingTasksResponse.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_env__pb2.GetTrainingTasksRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_env__pb2.GetTrainingTasksResponse.FromString,
                 _registered_method=True)
         self.CreateEpisodes = channel.unary_unary(
                 '/mmrl.v1.EnvService/CreateEpisodes',
-                request_serializer=mmrl_dot_v1_dot_env__pb2.CreateEpisodesRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_env__pb2.CreateEpisodesResponse.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_env__pb2.CreateEpisodesRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_env__pb2.CreateEpisodesResponse.FromString,
                 _registered_method=True)
         self.Step = channel.unary_unary(
                 '/mmrl.v1.EnvService/Step',
-                request_serializer=mmrl_dot_v1_dot_env__pb2.StepRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_env__pb2.StepResponse.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_env__pb2.StepRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_env__pb2.StepResponse.FromString,
                 _registered_method=True)
         self.CloseEpisodes = channel.unary_unary(
                 '/mmrl.v1.EnvService/CloseEpisodes',
-                request_serializer=mmrl_dot_v1_dot_env__pb2.CloseEpisodesRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_env__pb2.CloseEpisodesResponse.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_env__pb2.CloseEpisodesRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_env__pb2.CloseEpisodesResponse.FromString,
                 _registered_method=True)
         self.GetEvalSet = channel.unary_unary(
                 '/mmrl.v1.EnvService/GetEvalSet',
-                request_serializer=mmrl_dot_v1_dot_env__pb2.GetEvalSetRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_env__pb2.GetEvalSetResponse.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_env__pb2.GetEvalSetRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_env__pb2.GetEvalSetResponse.FromString,
                 _registered_method=True)
 
 
@@ -124,33 +124,33 @@ def add_EnvServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'GetEnvInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetEnvInfo,
-                    request_deserializer=mmrl_dot_v1_dot_env__pb2.GetEnvInfoRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_env__pb2.EnvInfo.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_env__pb2.GetEnvInfoRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_env__pb2.EnvInfo.SerializeToString,
             ),
             'GetTrainingTasks': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTrainingTasks,
-                    request_deserializer=mmrl_dot_v1_dot_env__pb2.GetTrainingTasksRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_env__pb2.GetTrainingTasksResponse.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_env__pb2.GetTrainingTasksRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_env__pb2.GetTrainingTasksResponse.SerializeToString,
             ),
             'CreateEpisodes': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateEpisodes,
-                    request_deserializer=mmrl_dot_v1_dot_env__pb2.CreateEpisodesRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_env__pb2.CreateEpisodesResponse.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_env__pb2.CreateEpisodesRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_env__pb2.CreateEpisodesResponse.SerializeToString,
             ),
             'Step': grpc.unary_unary_rpc_method_handler(
                     servicer.Step,
-                    request_deserializer=mmrl_dot_v1_dot_env__pb2.StepRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_env__pb2.StepResponse.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_env__pb2.StepRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_env__pb2.StepResponse.SerializeToString,
             ),
             'CloseEpisodes': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseEpisodes,
-                    request_deserializer=mmrl_dot_v1_dot_env__pb2.CloseEpisodesRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_env__pb2.CloseEpisodesResponse.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_env__pb2.CloseEpisodesRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_env__pb2.CloseEpisodesResponse.SerializeToString,
             ),
             'GetEvalSet': grpc.unary_unary_rpc_method_handler(
                     servicer.GetEvalSet,
-                    request_deserializer=mmrl_dot_v1_dot_env__pb2.GetEvalSetRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_env__pb2.GetEvalSetResponse.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_env__pb2.GetEvalSetRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_env__pb2.GetEvalSetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -181,8 +181,8 @@ class EnvService:
             request,
             target,
             '/mmrl.v1.EnvService/GetEnvInfo',
-            mmrl_dot_v1_dot_env__pb2.GetEnvInfoRequest.SerializeToString,
-            mmrl_dot_v1_dot_env__pb2.EnvInfo.FromString,
+            mmrl__proto_dot_v1_dot_env__pb2.GetEnvInfoRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_env__pb2.EnvInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -208,8 +208,8 @@ class EnvService:
             request,
             target,
             '/mmrl.v1.EnvService/GetTrainingTasks',
-            mmrl_dot_v1_dot_env__pb2.GetTrainingTasksRequest.SerializeToString,
-            mmrl_dot_v1_dot_env__pb2.GetTrainingTasksResponse.FromString,
+            mmrl__proto_dot_v1_dot_env__pb2.GetTrainingTasksRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_env__pb2.GetTrainingTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -235,8 +235,8 @@ class EnvService:
             request,
             target,
             '/mmrl.v1.EnvService/CreateEpisodes',
-            mmrl_dot_v1_dot_env__pb2.CreateEpisodesRequest.SerializeToString,
-            mmrl_dot_v1_dot_env__pb2.CreateEpisodesResponse.FromString,
+            mmrl__proto_dot_v1_dot_env__pb2.CreateEpisodesRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_env__pb2.CreateEpisodesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -262,8 +262,8 @@ class EnvService:
             request,
             target,
             '/mmrl.v1.EnvService/Step',
-            mmrl_dot_v1_dot_env__pb2.StepRequest.SerializeToString,
-            mmrl_dot_v1_dot_env__pb2.StepResponse.FromString,
+            mmrl__proto_dot_v1_dot_env__pb2.StepRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_env__pb2.StepResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -289,8 +289,8 @@ class EnvService:
             request,
             target,
             '/mmrl.v1.EnvService/CloseEpisodes',
-            mmrl_dot_v1_dot_env__pb2.CloseEpisodesRequest.SerializeToString,
-            mmrl_dot_v1_dot_env__pb2.CloseEpisodesResponse.FromString,
+            mmrl__proto_dot_v1_dot_env__pb2.CloseEpisodesRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_env__pb2.CloseEpisodesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -316,8 +316,8 @@ class EnvService:
             request,
             target,
             '/mmrl.v1.EnvService/GetEvalSet',
-            mmrl_dot_v1_dot_env__pb2.GetEvalSetRequest.SerializeToString,
-            mmrl_dot_v1_dot_env__pb2.GetEvalSetResponse.FromString,
+            mmrl__proto_dot_v1_dot_env__pb2.GetEvalSetRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_env__pb2.GetEvalSetResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from mmrl.v1 import learner_pb2 as mmrl_dot_v1_dot_learner__pb2
+from mmrl_proto.v1 import learner_pb2 as mmrl__proto_dot_v1_dot_learner__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in mmrl/v1/learner_pb2_grpc.py depends on'
+        + ' but the generated code in mmrl_proto/v1/learner_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -38,33 +38,33 @@ class LearnerServiceStub:
         """
         self.ConfigureRun = channel.unary_unary(
                 '/mmrl.v1.LearnerService/ConfigureRun',
-                request_serializer=mmrl_dot_v1_dot_learner__pb2.ConfigureRunRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_learner__pb2.LearnerState.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_learner__pb2.ConfigureRunRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_learner__pb2.LearnerState.FromString,
                 _registered_method=True)
         self.TrainStep = channel.unary_unary(
                 '/mmrl.v1.LearnerService/TrainStep',
-                request_serializer=mmrl_dot_v1_dot_learner__pb2.TrainStepRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_learner__pb2.TrainStepResponse.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_learner__pb2.TrainStepRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_learner__pb2.TrainStepResponse.FromString,
                 _registered_method=True)
         self.PublishAdapter = channel.unary_unary(
                 '/mmrl.v1.LearnerService/PublishAdapter',
-                request_serializer=mmrl_dot_v1_dot_learner__pb2.PublishAdapterRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_learner__pb2.PublishAdapterResponse.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_learner__pb2.PublishAdapterRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_learner__pb2.PublishAdapterResponse.FromString,
                 _registered_method=True)
         self.SaveCheckpoint = channel.unary_unary(
                 '/mmrl.v1.LearnerService/SaveCheckpoint',
-                request_serializer=mmrl_dot_v1_dot_learner__pb2.SaveCheckpointRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_learner__pb2.SaveCheckpointResponse.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_learner__pb2.SaveCheckpointRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_learner__pb2.SaveCheckpointResponse.FromString,
                 _registered_method=True)
         self.LoadCheckpoint = channel.unary_unary(
                 '/mmrl.v1.LearnerService/LoadCheckpoint',
-                request_serializer=mmrl_dot_v1_dot_learner__pb2.LoadCheckpointRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_learner__pb2.LearnerState.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_learner__pb2.LoadCheckpointRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_learner__pb2.LearnerState.FromString,
                 _registered_method=True)
         self.GetState = channel.unary_unary(
                 '/mmrl.v1.LearnerService/GetState',
-                request_serializer=mmrl_dot_v1_dot_learner__pb2.GetStateRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_learner__pb2.LearnerState.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_learner__pb2.GetStateRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_learner__pb2.LearnerState.FromString,
                 _registered_method=True)
 
 
@@ -117,33 +117,33 @@ def add_LearnerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'ConfigureRun': grpc.unary_unary_rpc_method_handler(
                     servicer.ConfigureRun,
-                    request_deserializer=mmrl_dot_v1_dot_learner__pb2.ConfigureRunRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_learner__pb2.LearnerState.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_learner__pb2.ConfigureRunRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_learner__pb2.LearnerState.SerializeToString,
             ),
             'TrainStep': grpc.unary_unary_rpc_method_handler(
                     servicer.TrainStep,
-                    request_deserializer=mmrl_dot_v1_dot_learner__pb2.TrainStepRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_learner__pb2.TrainStepResponse.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_learner__pb2.TrainStepRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_learner__pb2.TrainStepResponse.SerializeToString,
             ),
             'PublishAdapter': grpc.unary_unary_rpc_method_handler(
                     servicer.PublishAdapter,
-                    request_deserializer=mmrl_dot_v1_dot_learner__pb2.PublishAdapterRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_learner__pb2.PublishAdapterResponse.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_learner__pb2.PublishAdapterRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_learner__pb2.PublishAdapterResponse.SerializeToString,
             ),
             'SaveCheckpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.SaveCheckpoint,
-                    request_deserializer=mmrl_dot_v1_dot_learner__pb2.SaveCheckpointRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_learner__pb2.SaveCheckpointResponse.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_learner__pb2.SaveCheckpointRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_learner__pb2.SaveCheckpointResponse.SerializeToString,
             ),
             'LoadCheckpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.LoadCheckpoint,
-                    request_deserializer=mmrl_dot_v1_dot_learner__pb2.LoadCheckpointRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_learner__pb2.LearnerState.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_learner__pb2.LoadCheckpointRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_learner__pb2.LearnerState.SerializeToString,
             ),
             'GetState': grpc.unary_unary_rpc_method_handler(
                     servicer.GetState,
-                    request_deserializer=mmrl_dot_v1_dot_learner__pb2.GetStateRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_learner__pb2.LearnerState.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_learner__pb2.GetStateRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_learner__pb2.LearnerState.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -173,8 +173,8 @@ class LearnerService:
             request,
             target,
             '/mmrl.v1.LearnerService/ConfigureRun',
-            mmrl_dot_v1_dot_learner__pb2.ConfigureRunRequest.SerializeToString,
-            mmrl_dot_v1_dot_learner__pb2.LearnerState.FromString,
+            mmrl__proto_dot_v1_dot_learner__pb2.ConfigureRunRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_learner__pb2.LearnerState.FromString,
             options,
             channel_credentials,
             insecure,
@@ -200,8 +200,8 @@ class LearnerService:
             request,
             target,
             '/mmrl.v1.LearnerService/TrainStep',
-            mmrl_dot_v1_dot_learner__pb2.TrainStepRequest.SerializeToString,
-            mmrl_dot_v1_dot_learner__pb2.TrainStepResponse.FromString,
+            mmrl__proto_dot_v1_dot_learner__pb2.TrainStepRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_learner__pb2.TrainStepResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -227,8 +227,8 @@ class LearnerService:
             request,
             target,
             '/mmrl.v1.LearnerService/PublishAdapter',
-            mmrl_dot_v1_dot_learner__pb2.PublishAdapterRequest.SerializeToString,
-            mmrl_dot_v1_dot_learner__pb2.PublishAdapterResponse.FromString,
+            mmrl__proto_dot_v1_dot_learner__pb2.PublishAdapterRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_learner__pb2.PublishAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -254,8 +254,8 @@ class LearnerService:
             request,
             target,
             '/mmrl.v1.LearnerService/SaveCheckpoint',
-            mmrl_dot_v1_dot_learner__pb2.SaveCheckpointRequest.SerializeToString,
-            mmrl_dot_v1_dot_learner__pb2.SaveCheckpointResponse.FromString,
+            mmrl__proto_dot_v1_dot_learner__pb2.SaveCheckpointRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_learner__pb2.SaveCheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -281,8 +281,8 @@ class LearnerService:
             request,
             target,
             '/mmrl.v1.LearnerService/LoadCheckpoint',
-            mmrl_dot_v1_dot_learner__pb2.LoadCheckpointRequest.SerializeToString,
-            mmrl_dot_v1_dot_learner__pb2.LearnerState.FromString,
+            mmrl__proto_dot_v1_dot_learner__pb2.LoadCheckpointRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_learner__pb2.LearnerState.FromString,
             options,
             channel_credentials,
             insecure,
@@ -308,8 +308,8 @@ class LearnerService:
             request,
             target,
             '/mmrl.v1.LearnerService/GetState',
-            mmrl_dot_v1_dot_learner__pb2.GetStateRequest.SerializeToString,
-            mmrl_dot_v1_dot_learner__pb2.LearnerState.FromString,
+            mmrl__proto_dot_v1_dot_learner__pb2.GetStateRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_learner__pb2.LearnerState.FromString,
             options,
             channel_credentials,
             insecure,

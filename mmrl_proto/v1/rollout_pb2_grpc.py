@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from mmrl.v1 import rollout_pb2 as mmrl_dot_v1_dot_rollout__pb2
+from mmrl_proto.v1 import rollout_pb2 as mmrl__proto_dot_v1_dot_rollout__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in mmrl/v1/rollout_pb2_grpc.py depends on'
+        + ' but the generated code in mmrl_proto/v1/rollout_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,33 +37,33 @@ class RolloutServiceStub:
         """
         self.Generate = channel.unary_unary(
                 '/mmrl.v1.RolloutService/Generate',
-                request_serializer=mmrl_dot_v1_dot_rollout__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_rollout__pb2.GenerateResponse.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_rollout__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_rollout__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.LoadAdapter = channel.unary_unary(
                 '/mmrl.v1.RolloutService/LoadAdapter',
-                request_serializer=mmrl_dot_v1_dot_rollout__pb2.LoadAdapterRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_rollout__pb2.LoadAdapterResponse.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_rollout__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_rollout__pb2.LoadAdapterResponse.FromString,
                 _registered_method=True)
         self.ListAdapters = channel.unary_unary(
                 '/mmrl.v1.RolloutService/ListAdapters',
-                request_serializer=mmrl_dot_v1_dot_rollout__pb2.ListAdaptersRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_rollout__pb2.ListAdaptersResponse.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_rollout__pb2.ListAdaptersRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_rollout__pb2.ListAdaptersResponse.FromString,
                 _registered_method=True)
         self.Sleep = channel.unary_unary(
                 '/mmrl.v1.RolloutService/Sleep',
-                request_serializer=mmrl_dot_v1_dot_rollout__pb2.SleepRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_rollout__pb2.SleepResponse.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_rollout__pb2.SleepRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_rollout__pb2.SleepResponse.FromString,
                 _registered_method=True)
         self.WakeUp = channel.unary_unary(
                 '/mmrl.v1.RolloutService/WakeUp',
-                request_serializer=mmrl_dot_v1_dot_rollout__pb2.WakeUpRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_rollout__pb2.WakeUpResponse.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_rollout__pb2.WakeUpRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_rollout__pb2.WakeUpResponse.FromString,
                 _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/mmrl.v1.RolloutService/GetModelInfo',
-                request_serializer=mmrl_dot_v1_dot_rollout__pb2.GetModelInfoRequest.SerializeToString,
-                response_deserializer=mmrl_dot_v1_dot_rollout__pb2.GetModelInfoResponse.FromString,
+                request_serializer=mmrl__proto_dot_v1_dot_rollout__pb2.GetModelInfoRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_rollout__pb2.GetModelInfoResponse.FromString,
                 _registered_method=True)
 
 
@@ -117,33 +117,33 @@ def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_unary_rpc_method_handler(
                     servicer.Generate,
-                    request_deserializer=mmrl_dot_v1_dot_rollout__pb2.GenerateRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_rollout__pb2.GenerateResponse.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_rollout__pb2.GenerateRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_rollout__pb2.GenerateResponse.SerializeToString,
             ),
             'LoadAdapter': grpc.unary_unary_rpc_method_handler(
                     servicer.LoadAdapter,
-                    request_deserializer=mmrl_dot_v1_dot_rollout__pb2.LoadAdapterRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_rollout__pb2.LoadAdapterResponse.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_rollout__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_rollout__pb2.LoadAdapterResponse.SerializeToString,
             ),
             'ListAdapters': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAdapters,
-                    request_deserializer=mmrl_dot_v1_dot_rollout__pb2.ListAdaptersRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_rollout__pb2.ListAdaptersResponse.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_rollout__pb2.ListAdaptersRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_rollout__pb2.ListAdaptersResponse.SerializeToString,
             ),
             'Sleep': grpc.unary_unary_rpc_method_handler(
                     servicer.Sleep,
-                    request_deserializer=mmrl_dot_v1_dot_rollout__pb2.SleepRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_rollout__pb2.SleepResponse.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_rollout__pb2.SleepRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_rollout__pb2.SleepResponse.SerializeToString,
             ),
             'WakeUp': grpc.unary_unary_rpc_method_handler(
                     servicer.WakeUp,
-                    request_deserializer=mmrl_dot_v1_dot_rollout__pb2.WakeUpRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_rollout__pb2.WakeUpResponse.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_rollout__pb2.WakeUpRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_rollout__pb2.WakeUpResponse.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
-                    request_deserializer=mmrl_dot_v1_dot_rollout__pb2.GetModelInfoRequest.FromString,
-                    response_serializer=mmrl_dot_v1_dot_rollout__pb2.GetModelInfoResponse.SerializeToString,
+                    request_deserializer=mmrl__proto_dot_v1_dot_rollout__pb2.GetModelInfoRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_rollout__pb2.GetModelInfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,8 +172,8 @@ class RolloutService:
             request,
             target,
             '/mmrl.v1.RolloutService/Generate',
-            mmrl_dot_v1_dot_rollout__pb2.GenerateRequest.SerializeToString,
-            mmrl_dot_v1_dot_rollout__pb2.GenerateResponse.FromString,
+            mmrl__proto_dot_v1_dot_rollout__pb2.GenerateRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_rollout__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -199,8 +199,8 @@ class RolloutService:
             request,
             target,
             '/mmrl.v1.RolloutService/LoadAdapter',
-            mmrl_dot_v1_dot_rollout__pb2.LoadAdapterRequest.SerializeToString,
-            mmrl_dot_v1_dot_rollout__pb2.LoadAdapterResponse.FromString,
+            mmrl__proto_dot_v1_dot_rollout__pb2.LoadAdapterRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_rollout__pb2.LoadAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -226,8 +226,8 @@ class RolloutService:
             request,
             target,
             '/mmrl.v1.RolloutService/ListAdapters',
-            mmrl_dot_v1_dot_rollout__pb2.ListAdaptersRequest.SerializeToString,
-            mmrl_dot_v1_dot_rollout__pb2.ListAdaptersResponse.FromString,
+            mmrl__proto_dot_v1_dot_rollout__pb2.ListAdaptersRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_rollout__pb2.ListAdaptersResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -253,8 +253,8 @@ class RolloutService:
             request,
             target,
             '/mmrl.v1.RolloutService/Sleep',
-            mmrl_dot_v1_dot_rollout__pb2.SleepRequest.SerializeToString,
-            mmrl_dot_v1_dot_rollout__pb2.SleepResponse.FromString,
+            mmrl__proto_dot_v1_dot_rollout__pb2.SleepRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_rollout__pb2.SleepResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -280,8 +280,8 @@ class RolloutService:
             request,
             target,
             '/mmrl.v1.RolloutService/WakeUp',
-            mmrl_dot_v1_dot_rollout__pb2.WakeUpRequest.SerializeToString,
-            mmrl_dot_v1_dot_rollout__pb2.WakeUpResponse.FromString,
+            mmrl__proto_dot_v1_dot_rollout__pb2.WakeUpRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_rollout__pb2.WakeUpResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -307,8 +307,8 @@ class RolloutService:
             request,
             target,
             '/mmrl.v1.RolloutService/GetModelInfo',
-            mmrl_dot_v1_dot_rollout__pb2.GetModelInfoRequest.SerializeToString,
-            mmrl_dot_v1_dot_rollout__pb2.GetModelInfoResponse.FromString,
+            mmrl__proto_dot_v1_dot_rollout__pb2.GetModelInfoRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_rollout__pb2.GetModelInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
