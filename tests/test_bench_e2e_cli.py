@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mmrl.cli import bench_e2e
+from mmrl.bench import e2e as bench_e2e
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -32,7 +32,7 @@ def _imported_services(path: Path, root: Path = ROOT) -> set[str]:
 def test_imports_are_read_in_every_form(tmp_path: Path) -> None:
     module = tmp_path / "services" / "coordinator" / "probe.py"
     module.parent.mkdir(parents=True)
-    module.write_text("import services.env.spec\nfrom services import rollout\nfrom ..learner import driver\n"
+    module.write_text("import services.env.kit.spec\nfrom services import rollout\nfrom ..learner import driver\n"
                       "from . import store\n")
     assert _imported_services(module, tmp_path) == {"env", "rollout", "learner", "coordinator"}
 
@@ -58,14 +58,14 @@ def test_shared_code_imports_no_service() -> None:
 
 
 def test_only_the_coordinators_clients_speak_protobuf() -> None:
-    """The run loop and what it calls read and build plain dataclasses (services/coordinator/wire.py);
+    """The run loop and what it calls read and build plain dataclasses (services/coordinator/ops/wire.py);
     the generated `*_pb2` messages stay in clients.py."""
     speaking = {
         str(path.relative_to(ROOT))
         for path in (ROOT / "services" / "coordinator").rglob("*.py")
         if any(name.startswith("mmrl_proto") for name in _imported_modules(path))
     }
-    assert speaking == {"services/coordinator/clients.py"}
+    assert speaking == {"services/coordinator/ops/clients.py"}
 
 
 def test_the_coordinator_knows_no_environment() -> None:
@@ -75,6 +75,6 @@ def test_the_coordinator_knows_no_environment() -> None:
         f"{path.relative_to(ROOT)} imports {name}"
         for path in (ROOT / "services" / "coordinator").rglob("*.py")
         for name in _imported_modules(path)
-        if name.startswith(("services.common.maze", "services.env"))
+        if name.startswith(("services.env.maze.maze", "services.env"))
     }
     assert not knowing, sorted(knowing)

@@ -15,7 +15,7 @@ from services.coordinator.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_CONFIGS = ["maze-tiny-cpu.yaml", "qwen3-vl-8b-hyperpod.yaml", "sokoban-tiny-cpu.yaml"]
-SFT_CONFIGS = ["sft-tiny.yaml", "sft-tiny-long.yaml", "sft-sokoban-tiny.yaml"]
+SFT_CONFIGS = ["sft-maze-tiny.yaml", "sft-sokoban-tiny.yaml"]
 
 
 def _mmrl(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -35,7 +35,7 @@ def test_show_prints_a_run_config_documented_and_it_loads_back_unchanged(
     status, out, err = _mmrl(["config", "show", str(path)], capsys)
     assert status == 0 and not err
     assert yaml.safe_load(out) == load_model_file(RunConfig, path).model_dump(mode="json")
-    assert "# G: episodes per maze, all on the same maze." in out  # grpo.group_size's description
+    assert "# G: episodes per task, all on the same task." in out  # grpo.group_size's description
     assert "\ngrpo:\n" in out and "\n  group_size: " in out
 
 
@@ -64,7 +64,7 @@ def test_show_takes_overrides_as_words_and_with_set(capsys: pytest.CaptureFixtur
     assert (shown["config"]["grpo"]["group_size"], shown["config"]["steps"]) == (4, 3)
     setting = next(s for s in shown["settings"] if s["path"] == "grpo.group_size")
     assert setting == {"path": "grpo.group_size", "value": 4, "default": 8, "required": False, "differs": True,
-                       "type": "int, >= 2, <= 256", "description": "G: episodes per maze, all on the same maze."}
+                       "type": "int, >= 2, <= 256", "description": "G: episodes per task, all on the same task."}
     assert all(s["description"] for s in shown["settings"])
 
 
@@ -72,7 +72,7 @@ def test_validate_says_ok_in_one_line(capsys: pytest.CaptureFixture[str]) -> Non
     for name in RUN_CONFIGS + SFT_CONFIGS:
         status, out, err = _mmrl(["config", "validate", str(ROOT / "configs" / name)], capsys)
         assert status == 0 and not err and out.startswith("ok: ") and out.count("\n") == 1, (name, out)
-    status, out, _ = _mmrl(["config", "validate", str(ROOT / "configs" / "sft-tiny.yaml"), "--json"], capsys)
+    status, out, _ = _mmrl(["config", "validate", str(ROOT / "configs" / "sft-maze-tiny.yaml"), "--json"], capsys)
     assert json.loads(out)["ok"] is True and json.loads(out)["kind"] == "sft"
 
 
@@ -84,7 +84,7 @@ def test_a_bad_config_is_one_line_naming_the_file_and_the_field_and_exit_status_
     assert (status, out) == (2, "")
     assert err == (f"mmrl config: {bad}: grpo.group_size: Input should be greater than or equal to 2 (got 1); "
                    "grpo.grup_size: not a setting here (misspelt?)\n")
-    status, _, err = _mmrl(["config", "validate", str(ROOT / "configs" / "sft-tiny.yaml"), "updates=-5"], capsys)
+    status, _, err = _mmrl(["config", "validate", str(ROOT / "configs" / "sft-maze-tiny.yaml"), "updates=-5"], capsys)
     assert status == 2 and err.endswith("updates: Input should be greater than or equal to 0 (got -5)\n")
     bad.write_text("model: m\ngrpo: [1\n")
     status, _, err = _mmrl(["config", "show", str(bad)], capsys)

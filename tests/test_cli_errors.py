@@ -20,7 +20,7 @@ from mmrl.cli.stack import StackError
 from services.common.messages import summary
 from services.common.procs import free_port
 from services.common.user_errors import UsageError
-from services.coordinator.clients import ServiceError
+from services.coordinator.ops.clients import ServiceError
 
 ROOT = Path(__file__).resolve().parents[1]
 

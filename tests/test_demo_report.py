@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from mmrl.cli.report import grpo_seconds, last_eval_within, learning_curve
+from mmrl.report.plots import grpo_seconds, last_eval_within, learning_curve
 
 
 def _eval(step: int, rate: float, eval_s: float | None) -> dict[str, Any]:

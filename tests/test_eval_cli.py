@@ -42,28 +42,8 @@ def test_a_bad_seed_range_is_refused_before_any_service_starts(tmp_path: Path, n
         eval_cli.main(["--model", str(tmp_path), "--seeds", seeds])
 
 
-def test_held_out_mazes_are_eval_layouts_never_trained_on_and_outside_the_fixed_set() -> None:
-    from services.common.maze import is_eval_layout, is_eval_seed, layout_key
-    from services.env.evalset import get_eval_set
-
-    for size, grid in (("easy", 9), ("hard", 11)):
-        seeds = eval_cli.held_out_seeds(size, 256)
-        keys = [layout_key(s, grid) for s in seeds]
-        fixed = {layout_key(spec.seed, grid) for spec in get_eval_set(eval_cli.PRESETS[size]).specs}
-        assert len(set(keys)) == 256 and all(is_eval_layout(k) for k in keys) and not fixed & set(keys)
-        assert all(is_eval_seed(s) and s >= eval_cli.HELD_OUT_FIRST_SEED for s in seeds)
-
-
-def test_more_held_out_mazes_than_there_are_is_refused(tmp_path: Path, no_stack: None) -> None:
-    (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(SystemExit, match="--held-out 500: .*leave the eval seed range"):
-        eval_cli.main(["--model", str(tmp_path), "--held-out", "500"])  # 476 easy eval layouts, 64 fixed
-    with pytest.raises(SystemExit, match="must be 1 or more"):
-        eval_cli.main(["--model", str(tmp_path), "--held-out", "0"])
-
-
 @pytest.mark.parametrize(("extra", "sampled"), [(["--seeds", "0-512", "--samples", "8"], 4104),
-                                                (["--samples", "65"], 4160)])
+                                                (["--seeds", "0-63", "--samples", "65"], 4160)])
 def test_more_episodes_than_the_env_creates_in_one_call_are_refused(
         tmp_path: Path, no_stack: None, extra: list[str], sampled: int) -> None:
     (tmp_path / "config.json").write_text("{}")
@@ -92,13 +72,18 @@ def test_the_rollout_service_is_started_with_slots_for_the_adapters_rank(tmp_pat
     assert rollout_flags(24) == ["--max-lora-rank", "32"] and rollout_flags(64) == ["--max-lora-rank", "64"]
 
 
-@pytest.mark.parametrize("extra", [["--env-name", "sokoban", "--seeds", "1-3"],
-                                   ["--eval-set", "sokoban-64", "--held-out", "4"]])
-def test_maze_seeds_with_another_eval_set_are_refused_before_any_service_starts(
-        tmp_path: Path, no_stack: None, extra: list[str]) -> None:
+def test_options_without_seeds_are_refused_before_any_service_starts(tmp_path: Path, no_stack: None) -> None:
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(SystemExit, match="--seeds and --held-out are maze seeds"):
-        eval_cli.main(["--model", str(tmp_path), *extra])
+    with pytest.raises(SystemExit, match="--option and --max-moves go with --seeds"):
+        eval_cli.main(["--model", str(tmp_path), "--eval-set", "sokoban-64", "--option", "size=9"])
+    with pytest.raises(SystemExit, match="--option expects KEY=VALUE"):
+        eval_cli.main(["--model", str(tmp_path), "--seeds", "1-3", "--option", "size"])
+
+
+def test_seeds_and_an_eval_set_are_refused_together(tmp_path: Path, no_stack: None) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        eval_cli.main(["--model", str(tmp_path), "--eval-set", "maze-easy-64", "--seeds", "1-3"])
 
 
 def test_the_stack_serves_the_environment_it_is_given(tmp_path: Path) -> None:

@@ -34,9 +34,9 @@ def maze_batch(model_dir: Path) -> Any:
     """Two-turn maze conversations with images, as a collated learner batch."""
     from transformers import AutoConfig, AutoProcessor, AutoTokenizer
 
+    from mmrl.bench.synthetic import fake_generator, play_episodes
     from services.common.conversation import ChatTokens
     from services.learner.batch import FrameProcessor, ModelSpec, collate, prepare_batch
-    from services.learner.synthetic import fake_generator, play_episodes
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     generate = fake_generator(ChatTokens.from_tokenizer(tokenizer), tokenizer, tokens_per_image=25)
@@ -116,7 +116,7 @@ def test_vllm_serves_the_merged_export_with_the_log_probs_of_the_adapter_on_the_
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
-    from services.learner.synthetic import maze_frame
+    from mmrl.bench.synthetic import maze_frame
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     from PIL import Image

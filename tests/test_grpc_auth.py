@@ -20,7 +20,7 @@ from services.common.grpc_server import (
     sync_channel,
 )
 from services.env.config import EnvConfig
-from services.env.environment import MazeEnv
+from services.env.maze.env import MazeEnv
 from services.env.servicer import SERVICE_NAME, EnvServicer
 
 

@@ -13,7 +13,7 @@ import pytest
 from mmrl_proto.v1 import env_pb2, env_pb2_grpc
 from services.common.grpc_server import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS, channel, start_server
 from services.env.config import EnvConfig
-from services.env.environment import MazeEnv
+from services.env.maze.env import MazeEnv
 from services.env.servicer import SERVICE_NAME, EnvServicer
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ from services.common.grpc_server import channel, start_server
 from services.common.metrics import ClientMetricsInterceptor, ServerMetricsInterceptor, serve_metrics
 from services.common.procs import free_port
 from services.env.config import EnvConfig
-from services.env.environment import MazeEnv
+from services.env.maze.env import MazeEnv
 from services.env.servicer import SERVICE_NAME, EnvServicer
 from services.rollout.config import RolloutConfig
 from services.rollout.service import RolloutServer

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mmrl.cli.report import learning_curve
-from mmrl.cli.results import README_BEGIN, README_END, main
+from mmrl.report.page import README_BEGIN, README_END, main
+from mmrl.report.plots import learning_curve
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

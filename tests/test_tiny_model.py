@@ -47,7 +47,7 @@ def test_tiny_model_has_qwen_special_tokens_and_a_small_parameter_count(tiny_mod
 
 
 def test_init_model_cli_sizes_the_text_model_and_rejects_bad_sizes(tmp_path: Path, capsys) -> None:
-    from services.common.tiny_model import build_tiny_model, main
+    from mmrl.models.tiny import build_tiny_model, main
 
     out = tmp_path / "wide"
     assert main(["tiny", "--out", str(out), "--hidden-size", "192", "--layers", "2"]) == 0

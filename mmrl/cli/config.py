@@ -51,7 +51,7 @@ class Kind:
 KINDS = {
     "run": Kind("run config", "services.coordinator.config:RunConfig", "model",
                 "`mmrl run start --config FILE`, `mmrl demo --config FILE`"),
-    "sft": Kind("SFT config", "services.learner.sft:SftConfig", "base_model",
+    "sft": Kind("SFT config", "mmrl.sft.config:SftConfig", "base_model",
                 "`mmrl sft --config FILE`, `mmrl demo --sft-config FILE`"),
 }
 # `mmrl serve X`: the module whose `parser()` builds its options, and the models behind them with

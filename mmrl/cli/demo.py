@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.cli.options import add_overrides, overrides_from
-from mmrl.cli.report import episode_strip, last_eval_within, learning_curve, plot_curve, write_json
 from mmrl.cli.run import TERMINAL, ApiClient, load_config_dict, stop_left_running, watch
 from mmrl.cli.sft import load_sft_config, run_sft
 from mmrl.cli.stack import Stack, StackConfig
 from mmrl.cli.up import DEFAULT_MODEL, ensure_tiny_model
+from mmrl.report.plots import episode_strip, last_eval_within, learning_curve, plot_curve, write_json
 
 # --env NAME: (GRPO run config, SFT config, output directory).
 ENV_CONFIGS = {

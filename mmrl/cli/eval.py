@@ -1,13 +1,12 @@
-"""`mmrl eval`: evaluate a model (and optionally a LoRA adapter) on the fixed eval set, on held-out
-mazes or on a seed range, through the env and rollout services (started locally unless their
-addresses are given).
+"""`mmrl eval`: evaluate a model (and optionally a LoRA adapter) on an eval set of the environment, or
+on a range of seeds, through the env and rollout services (started locally unless their addresses are
+given).
 
-`--env-name sokoban` evaluates on Sokoban (its default eval set, or `--eval-set sokoban-held-out-128`:
-levels no training plays, outside the fixed set; docs/sokoban.md).
-
-`--held-out N`: N mazes that no training ever plays and the fixed set does not hold: distinct
-layouts reserved for eval sets (docs/env.md), from seed 1,900,000 (`HELD_OUT_FIRST_SEED`) on. A
-`--seeds` range is played as it is: most of its layouts are training layouts too."""
+`--env-name NAME` picks the environment of the env service it starts (services/env/registry.py; the
+maze by default) and `--eval-set NAME` one of its eval sets (its default otherwise), e.g.
+`maze-held-out-256` or `sokoban-held-out-128`: tasks no training plays, outside the fixed set. A
+`--seeds A-B` range is played as it is, with `--option KEY=VALUE` and `--max-moves`: most of its tasks
+may be training tasks too."""
 
 from __future__ import annotations
 
@@ -24,19 +23,17 @@ from typing import Any
 from mmrl.cli.stack import Stack, StackConfig
 from services.common import storage
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT, ChatTokens
-from services.common.maze import eval_seeds, layout_key
-from services.coordinator.clients import CallPolicy
-from services.coordinator.episodes import Timers
-from services.coordinator.evaluation import EvalPlan, eval_turn_limit, run_eval
-from services.coordinator.manager import load_tokenizer
-from services.coordinator.replicas import Services
-from services.coordinator.wire import TaskSpec
+from services.coordinator.grpo.episodes import Timers
+from services.coordinator.grpo.evaluation import EvalPlan, eval_turn_limit, run_eval
+from services.coordinator.ops.clients import CallPolicy
+from services.coordinator.ops.manager import load_tokenizer
+from services.coordinator.ops.replicas import Services
+from services.coordinator.ops.wire import TaskSpec
+from services.env import registry
 from services.env.config import EnvConfig
-from services.env.evalset import RECIPES, get_eval_set
 
-PRESETS = {"easy": "maze-easy-64", "hard": "maze-hard-64"}  # --size: the eval set (RECIPES) it names
-HELD_OUT_FIRST_SEED = 1_900_000
 MAX_EPISODES = EnvConfig.model_fields["max_batch"].default  # episodes one CreateEpisodes call creates
+DEFAULT_MAX_MOVES = 20
 
 
 def parse_seeds(text: str) -> range:
@@ -46,46 +43,50 @@ def parse_seeds(text: str) -> range:
     return range(int(first), int(last) + 1)
 
 
-def held_out_seeds(size: str, count: int) -> list[int]:
-    """`count` seeds of distinct eval-reserved layouts outside the fixed set of the `size` preset."""
-    name = PRESETS[size]
-    grid = RECIPES[name].size
-    fixed = frozenset(layout_key(spec.seed, grid) for spec in get_eval_set(name).specs)
-    try:
-        return eval_seeds(HELD_OUT_FIRST_SEED, count, grid, exclude=fixed)
-    except ValueError as exc:
-        raise SystemExit(f"--held-out {count}: {exc}") from None
+def parse_options(pairs: Sequence[str]) -> dict[str, str]:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--option expects KEY=VALUE, got {pair!r}")
+        options[key] = value
+    return options
+
+
+def check_batch(num_tasks: int, samples: int) -> None:
+    """Refuses more episodes than the env service creates in one call (the greedy and the sampled
+    episodes are a call each)."""
+    if max(num_tasks, num_tasks * samples) > MAX_EPISODES:
+        raise SystemExit(f"{num_tasks} tasks x --samples {samples} is {num_tasks * samples} sampled episodes at "
+                         f"once; the env service creates at most {MAX_EPISODES} in one call: fewer tasks or samples")
 
 
 async def evaluate(
-    env_addr: str, rollout_addr: str, model: Path, *, size: str = "easy", seeds: Sequence[int] | None = None,
-    maze: tuple[int, int] | None = None, adapter: tuple[str, int, str] | None = None, samples: int = 0,
-    temperature: float = 1.0, max_tokens: int = 4, system_prompt: str = DEFAULT_SYSTEM_PROMPT,
-    keep_frames: bool = False, eval_set: str | None = None,
+    env_addr: str, rollout_addr: str, model: Path, *, eval_set: str = "", specs: Sequence[Any] | None = None,
+    adapter: tuple[str, int, str] | None = None, samples: int = 0, temperature: float = 1.0, max_tokens: int = 4,
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT, keep_frames: bool = False,
 ) -> tuple[dict[str, Any], list[Any]]:
-    """Greedy (and optionally sampled) evaluation; `adapter` is (run_id, version, path) to load first.
-    `seeds` are played with the grid and move limit of the `size` preset, or with `maze` = (grid, max_moves).
-    `eval_set` names the env's eval set to play instead of the `size` preset's ("" = the env's default)."""
-    name = PRESETS[size] if eval_set is None else eval_set
-    preset = RECIPES[PRESETS[size]]  # the seeds' grid and budget, and the turn limit of specs without one
-    grid, max_moves = maze or (preset.size, preset.max_moves)
+    """Greedy (and optionally sampled) evaluation of the env's eval set `eval_set` ("" = its default), or of
+    `specs` (task specs: seed, max_moves, options) when given; `adapter` is (run_id, version, path) to load
+    first."""
     services = Services.connect([env_addr], [rollout_addr], "127.0.0.1:1", CallPolicy(timeout_s=600, retries=2))
     try:
-        if seeds is None:
-            specs = (await services.env.eval_set(name)).specs
+        if specs is None:
+            tasks = list((await services.env.eval_set(eval_set)).specs)
         else:
-            specs = [TaskSpec(seed=s, max_moves=max_moves, options={"size": str(grid)}) for s in seeds]
+            tasks = [TaskSpec(seed=s.seed, max_moves=s.max_moves, options=dict(s.options)) for s in specs]
+        check_batch(len(tasks), samples)
         version = 0
         run_id = "eval"
         if adapter is not None:
             run_id, version, path = adapter
             await services.rollouts.load_adapter(run_id, version, path)
         tokenizer = load_tokenizer(str(model))
-        max_turns = eval_turn_limit(specs, max_moves)
+        max_turns = eval_turn_limit(tasks, DEFAULT_MAX_MOVES)
         sampled = f", then {samples} sampled episodes each" if samples else ""
-        print(f"evaluating {len(specs)} mazes: greedy{sampled}, up to {max_turns} turns, all mazes at once ...",
+        print(f"evaluating {len(tasks)} tasks: greedy{sampled}, up to {max_turns} turns, all tasks at once ...",
               file=sys.stderr, flush=True)
-        plan = EvalPlan(specs=specs, max_tokens=max_tokens, sampled_samples=samples,
+        plan = EvalPlan(specs=tasks, max_tokens=max_tokens, sampled_samples=samples,
                         sampled_temperature=temperature, max_turns=max_turns,
                         system_prompt=system_prompt)
         summary, greedy = await run_eval(services, tokenizer, ChatTokens.from_tokenizer(tokenizer), plan,
@@ -109,17 +110,16 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl eval", description=__doc__)
     parser.add_argument("--model", type=Path, required=True, help="model directory")
     parser.add_argument("--adapter", type=Path, help="LoRA adapter directory (peft format)")
-    parser.add_argument("--size", choices=sorted(PRESETS), default="easy", help="maze preset / eval set")
-    mazes_from = parser.add_mutually_exclusive_group()
-    mazes_from.add_argument("--held-out", type=int, metavar="N",
-                            help="N mazes never trained on, outside the fixed set, instead of it")
-    mazes_from.add_argument("--seeds", help="A-B: evaluate on this seed range instead of the fixed set")
-    parser.add_argument("--env-name", choices=("maze", "sokoban"), default="maze",
-                        help="the environment of the env service started (without --env); not the maze: its "
-                             "default eval set unless --eval-set names one (docs/sokoban.md)")
-    parser.add_argument("--eval-set", help="an eval set of the env service by name instead of the --size preset's "
-                                           "(e.g. sokoban-held-out-128)")
-    parser.add_argument("--samples", type=int, default=0, help="sampled episodes per maze besides greedy")
+    parser.add_argument("--env-name", choices=registry.names(), default="maze",
+                        help="the environment of the env service started (without --env; default maze)")
+    tasks_from = parser.add_mutually_exclusive_group()
+    tasks_from.add_argument("--eval-set", default="",
+                            help="an eval set of the env by name (default: its fixed set), e.g. maze-held-out-256")
+    tasks_from.add_argument("--seeds", help="A-B: evaluate on this seed range instead of an eval set")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --seeds: an environment option of every task (e.g. size=9)")
+    parser.add_argument("--max-moves", type=int, default=DEFAULT_MAX_MOVES, help="with --seeds: the move budget")
+    parser.add_argument("--samples", type=int, default=0, help="sampled episodes per task besides greedy")
     parser.add_argument("--temperature", type=float, default=1.0, help="temperature of sampled episodes")
     parser.add_argument("--max-tokens", type=int, default=4,
                         help="token budget of one action (a run's evals use its sampling.max_tokens)")
@@ -138,20 +138,13 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"--adapter {args.adapter}: no {' + '.join(storage.ADAPTER_FILES)} there")
     if args.max_tokens < 1:
         raise SystemExit(f"--max-tokens {args.max_tokens}: must be 1 or more")
-    if args.held_out is not None and args.held_out < 1:
-        raise SystemExit(f"--held-out {args.held_out}: must be 1 or more")
-    eval_set = args.eval_set if args.eval_set is not None else (None if args.env_name == "maze" else "")
-    if eval_set is not None and (args.seeds or args.held_out):
-        raise SystemExit("--seeds and --held-out are maze seeds: not with --eval-set or --env-name sokoban")
-    seeds: Sequence[int] | None = None  # checked before anything starts
+    if (args.option or args.max_moves != DEFAULT_MAX_MOVES) and not args.seeds:
+        raise SystemExit("--option and --max-moves go with --seeds (an eval set has its own)")
+    specs = None  # checked before anything starts
     if args.seeds:
-        seeds = parse_seeds(args.seeds)
-    elif args.held_out:
-        seeds = held_out_seeds(args.size, args.held_out)
-    mazes = len(seeds) if seeds is not None else RECIPES[PRESETS[args.size]].num_tasks
-    if eval_set is None and max(mazes, mazes * args.samples) > MAX_EPISODES:  # the greedy and the sampled episodes: one call each
-        raise SystemExit(f"{mazes} mazes x --samples {args.samples} is {mazes * args.samples} sampled episodes at "
-                         f"once; the env service creates at most {MAX_EPISODES} in one call: fewer mazes or samples")
+        options = parse_options(args.option)
+        specs = [TaskSpec(seed=seed, max_moves=args.max_moves, options=options) for seed in parse_seeds(args.seeds)]
+        check_batch(len(specs), args.samples)
 
     try:
         lora_rank = storage.adapter_rank(args.adapter) if args.adapter else 0
@@ -169,12 +162,13 @@ def main(argv: list[str]) -> int:
         adapter = stage_adapter(args.adapter, stack.config.shared_root) if args.adapter else None
         summary, _ = asyncio.run(evaluate(
             args.env or stack.address("env"), args.rollout or stack.address("rollout"), args.model,
-            size=args.size, seeds=seeds, adapter=adapter,
-            samples=args.samples, temperature=args.temperature, max_tokens=args.max_tokens, eval_set=eval_set))
+            eval_set=args.eval_set, specs=specs, adapter=adapter,
+            samples=args.samples, temperature=args.temperature, max_tokens=args.max_tokens))
     finally:
         stack.stop()
     result = {
         "solve_rate": summary["greedy_solve_rate"], "episodes": summary["episodes"],
+        "eval_set": args.eval_set if specs is None else None,
         "mean_moves_over_optimal": summary["mean_moves_over_optimal"],
         "invalid_fraction": summary["greedy_invalid_fraction"],
         "sampled_solve_rate": summary["sampled_solve_rate"], "sampled_pass_rate": summary["sampled_pass_rate"],
@@ -185,9 +179,9 @@ def main(argv: list[str]) -> int:
         print(json.dumps(result))
     else:
         ratio = result["mean_moves_over_optimal"]
-        print(f"solve rate {result['solve_rate']:.4f} over {result['episodes']} mazes; mean moves/optimal "
+        print(f"solve rate {result['solve_rate']:.4f} over {result['episodes']} tasks; mean moves/optimal "
               f"{ratio:.3f}" if ratio is not None else f"solve rate {result['solve_rate']:.4f}")
         if args.samples > 0:
-            print(f"sampled ({args.samples} per maze at temperature {args.temperature}): solve rate "
+            print(f"sampled ({args.samples} per task at temperature {args.temperature}): solve rate "
                   f"{result['sampled_solve_rate']:.4f}, solved by at least one {result['sampled_pass_rate']:.4f}")
     return 0

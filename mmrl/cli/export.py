@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
                         help="dtype of the saved weights (auto: the base checkpoint's)")
     parser.add_argument("--force", action="store_true", help="replace --out if it exists")
     args = parser.parse_args(argv)
-    from services.learner.export import merge_adapter
+    from mmrl.export import merge_adapter
 
     try:
         out = merge_adapter(args.adapter, args.out, args.base_model, args.dtype, args.force)

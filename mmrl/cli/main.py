@@ -22,7 +22,7 @@ from services.common.user_errors import CommandFailed, UsageError, one_line
 
 # command words -> (module, help). The module defines `main(argv: list[str]) -> int`.
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
-    ("init-model",): ("services.common.tiny_model", "build a random-initialised tiny Qwen3-VL model"),
+    ("init-model",): ("mmrl.models.tiny", "build a random-initialised tiny Qwen3-VL model"),
     ("sft",): ("mmrl.cli.sft", "supervised warm start on BFS-optimal maze conversations"),
     ("export",): ("mmrl.cli.export", "merge a trained adapter into its base as a standalone HF model"),
     ("serve", "env"): ("services.env.main", "serve an environment (maze, sokoban) over gRPC"),
@@ -33,15 +33,15 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("run",): ("mmrl.cli.run", "start, watch, pause, resume or stop training runs"),
     ("eval",): ("mmrl.cli.eval", "evaluate a model/adapter on the fixed eval set"),
     ("demo",): ("mmrl.cli.demo", "SFT warm start + GRPO run, with plots (the main job)"),
-    ("report",): ("mmrl.cli.results", "write docs/results.md from a demo's summary.json and curve.json"),
+    ("report",): ("mmrl.report.page", "write docs/results.md from a demo's summary.json and curve.json"),
     ("config",): ("mmrl.cli.config", "show, validate or document configs and settings"),
     ("env", "check"): ("mmrl.cli.env_check", "check that an env server keeps the EnvService contract"),
-    ("bench", "env"): ("services.env.bench", "benchmark the maze environment"),
-    ("bench", "rollout"): ("services.rollout.bench", "benchmark vLLM generation and adapters"),
-    ("bench", "learner"): ("services.learner.bench", "benchmark GRPO training steps"),
-    ("bench", "gpu"): ("services.learner.gpu_check", "check the learner on one GPU (scripts/gpu-check.sh)"),
-    ("bench", "e2e"): ("mmrl.cli.bench_e2e", "benchmark whole GRPO steps through every service"),
-    ("bench", "faults"): ("mmrl.cli.bench_faults", "kill each service mid-step; the run must recover by itself"),
+    ("bench", "env"): ("mmrl.bench.env", "benchmark the maze environment"),
+    ("bench", "rollout"): ("mmrl.bench.rollout", "benchmark vLLM generation and adapters"),
+    ("bench", "learner"): ("mmrl.bench.learner", "benchmark GRPO training steps"),
+    ("bench", "gpu"): ("mmrl.bench.gpu", "check the learner on one GPU (scripts/gpu-check.sh)"),
+    ("bench", "e2e"): ("mmrl.bench.e2e", "benchmark whole GRPO steps through every service"),
+    ("bench", "faults"): ("mmrl.bench.faults", "kill each service mid-step; the run must recover by itself"),
 }
 HELP = ("-h", "--help", "help")
 
@@ -75,7 +75,7 @@ def _exit_status(error: BaseException) -> int | None:
     from pydantic import ValidationError
 
     from mmrl.cli.stack import StackError
-    from services.coordinator.clients import ServiceError
+    from services.coordinator.ops.clients import ServiceError
 
     if isinstance(error, UsageError | ValidationError | FileNotFoundError | IsADirectoryError | NotADirectoryError
                   | PermissionError):

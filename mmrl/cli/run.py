@@ -108,7 +108,7 @@ def watch_status(final: dict[str, Any]) -> int:
 
 def plot_run(api: ApiClient, run_id: str, out: Path) -> Path:
     """Writes the run's learning curve as `out` (PNG) and `out` with suffix .json; returns `out`."""
-    from mmrl.cli.report import learning_curve, plot_curve, write_json
+    from mmrl.report.plots import learning_curve, plot_curve, write_json
 
     run = api.run(run_id)
     evals = api.request("GET", f"/v1/runs/{run_id}/evals")["evals"]

@@ -1,8 +1,8 @@
-"""`mmrl sft --config FILE`: supervised warm start on the oracle's conversations (the maze's BFS, or
-another env's, e.g. configs/sft-sokoban-tiny.yaml), then the greedy solve rate of the saved model on
-the env's fixed eval set (through the env and rollout services).
+"""`mmrl sft --config FILE`: supervised warm start on the conversations of the env's oracle (the
+maze's BFS, Sokoban's, any env with the 'oracle' capability), then the greedy solve rate of the saved
+model on the env's fixed eval set (through the env and rollout services); mmrl/sft.
 `mmrl sft export --config FILE --out FILE.jsonl`: the same conversations as a chat dataset (JSONL +
-PNG frames) that Hugging Face datasets and TRL's SFT trainer read (services/learner/sft_export.py)."""
+PNG frames) that Hugging Face datasets and TRL's SFT trainer read (mmrl/sft/jsonl.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def load_sft_config(path: Path, out: Path | None, base_model: Path | None,
                     overrides: dict[str, Any] | None = None) -> Any:
     """The SFT config at `path` with `overrides` (dotted keys), then `out` and `base_model` when
     given; UsageError naming the file and the settings that are wrong."""
-    from services.learner.sft import SftConfig
+    from mmrl.sft.config import SftConfig
 
     given = {"out": str(out) if out is not None else None,
              "base_model": str(base_model) if base_model is not None else None}
@@ -35,7 +35,7 @@ def load_sft_config(path: Path, out: Path | None, base_model: Path | None,
 def run_sft(config: Any, state_dir: Path, evaluate_after: bool = True, quiet: bool = False,
             nproc: int = 1) -> dict[str, Any]:
     """Trains (env service started locally; `nproc` ranks), saves, then evaluates the saved model."""
-    from services.learner.sft import train_sft
+    from mmrl.sft.train import train_sft
 
     say = (lambda _msg: None) if quiet else (lambda msg: print(msg, flush=True))
     stack = Stack(StackConfig(model=Path(config.out).resolve(), state_dir=state_dir, env_name=config.env))
@@ -44,7 +44,7 @@ def run_sft(config: Any, state_dir: Path, evaluate_after: bool = True, quiet: bo
         if nproc > 1:
             report = train_on_ranks(config, stack.address("env"), state_dir, nproc, quiet)
         else:
-            check = validation_check(stack, config) if config.stop_above is not None else None
+            check = validation_check(stack, config) if config.band is not None else None
             report = train_sft(config, stack.address("env"), progress=say, check=check)
         if evaluate_after:
             from mmrl.cli.eval import evaluate
@@ -52,8 +52,7 @@ def run_sft(config: Any, state_dir: Path, evaluate_after: bool = True, quiet: bo
             stack.config.model = Path(config.out).resolve()
             stack.start(("rollout",), log=not quiet)
             summary, _ = asyncio.run(evaluate(stack.address("env"), stack.address("rollout"), Path(config.out),
-                                              samples=0, system_prompt=config.system_prompt,
-                                              eval_set=None if config.env == "maze" else ""))
+                                              samples=0, system_prompt=config.system_prompt))
             report["eval"] = summary
             say(f"sft eval: greedy solve rate {summary['greedy_solve_rate']:.4f} on "
                 f"{summary['episodes']} eval tasks")
@@ -65,13 +64,13 @@ def run_sft(config: Any, state_dir: Path, evaluate_after: bool = True, quiet: bo
 
 
 def train_on_ranks(config: Any, env_address: str, state_dir: Path, nproc: int, quiet: bool) -> dict[str, Any]:
-    """`train_sft` on `nproc` ranks under torchrun (mmrl/cli/sft_worker.py); returns rank 0's report."""
+    """`train_sft` on `nproc` ranks under torchrun (mmrl/sft/worker.py); returns rank 0's report."""
     state_dir.mkdir(parents=True, exist_ok=True)
     config_path, report_path = state_dir / "sft-config.json", state_dir / "sft-report.json"
     config_path.write_text(config.model_dump_json())
     report_path.unlink(missing_ok=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "mmrl.cli.sft_worker", "--config-json", str(config_path), "--env", env_address,
+               "-m", "mmrl.sft.worker", "--config-json", str(config_path), "--env", env_address,
                "--state-dir", str(state_dir / "checks"), "--report", str(report_path)]
     done = subprocess.run(command, stdout=subprocess.DEVNULL if quiet else None, check=False)
     if done.returncode != 0 or not report_path.is_file():
@@ -81,21 +80,17 @@ def train_on_ranks(config: Any, env_address: str, state_dir: Path, nproc: int, q
     return report
 
 
-def validation_check(stack: Stack, config: Any) -> Callable[[Path], dict[str, Any]]:
-    """The SFT's check (`stop_above`): a rollout service on the checkpoint, then the greedy solve rate of
-    the validation mazes (`check_seeds`) through it and the stack's env service."""
+def validation_check(stack: Stack, config: Any) -> Callable[[Path, list[Any]], dict[str, Any]]:
+    """The SFT's check (`band`): a rollout service on the checkpoint, then the greedy solve rate of the
+    validation tasks through it and the stack's env service."""
     from mmrl.cli.eval import evaluate
-    from services.learner.sft import check_seeds
 
-    seeds = check_seeds(config)
-
-    def check(model_dir: Path) -> dict[str, Any]:
+    def check(model_dir: Path, tasks: list[Any]) -> dict[str, Any]:
         stack.config.model = model_dir.resolve()
         stack.start(("rollout",), log=False)
         try:
             summary, _ = asyncio.run(evaluate(stack.address("env"), stack.address("rollout"), model_dir,
-                                              seeds=seeds, maze=(config.size, config.max_moves),
-                                              system_prompt=config.system_prompt))
+                                              specs=tasks, system_prompt=config.system_prompt))
         finally:
             stack.stop_service("rollout")
         return summary
@@ -105,10 +100,10 @@ def validation_check(stack: Stack, config: Any) -> Callable[[Path], dict[str, An
 
 def export_conversations(config: Any, out: Path, state_dir: Path, quiet: bool = False) -> dict[str, Any]:
     """Plays the SFT's expert conversations on a locally started env service and writes them as JSONL."""
+    from mmrl.sft.data import draw_tasks, expert_conversations, image_token_counter
+    from mmrl.sft.jsonl import write_jsonl
     from services.learner.batch import ModelSpec
     from services.learner.policy import load_processor
-    from services.learner.sft import expert_conversations, image_token_counter
-    from services.learner.sft_export import write_jsonl
 
     processor = load_processor(Path(config.base_model))
     from transformers import AutoConfig
@@ -117,7 +112,8 @@ def export_conversations(config: Any, out: Path, state_dir: Path, quiet: bool = 
     stack = Stack(StackConfig(model=Path(config.base_model).resolve(), state_dir=state_dir, env_name=config.env))
     try:
         stack.start(("env",), log=not quiet)
-        data = expert_conversations(stack.address("env"), config, processor.tokenizer,
+        tasks = draw_tasks(stack.address("env"), config)
+        data = expert_conversations(stack.address("env"), config, tasks.training, processor.tokenizer,
                                     image_token_counter(processor, spec))
     finally:
         stack.stop()
@@ -126,7 +122,7 @@ def export_conversations(config: Any, out: Path, state_dir: Path, quiet: bool = 
 
 def export_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl sft export", description=summary(__doc__))
-    parser.add_argument("--config", type=Path, required=True, help="SFT config YAML (its mazes and detours)")
+    parser.add_argument("--config", type=Path, required=True, help="SFT config YAML (its tasks and detours)")
     parser.add_argument("--out", type=Path, required=True, help="JSONL file (frames go to images/ beside it)")
     parser.add_argument("--base-model", type=Path, help="override the model whose tokenizer writes the text")
     parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/sft-export"), help="logs of the env service")
@@ -140,7 +136,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["export"]:
         return export_main(argv[1:])
     parser = argparse.ArgumentParser(prog="mmrl sft", description=__doc__)
-    parser.add_argument("--config", type=Path, required=True, help="SFT config YAML (configs/sft-tiny.yaml)")
+    parser.add_argument("--config", type=Path, required=True, help="SFT config YAML (configs/sft-maze-tiny.yaml)")
     parser.add_argument("--out", type=Path, help="override the output model directory")
     parser.add_argument("--base-model", type=Path, help="override the model to fine-tune")
     parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/sft"), help="logs of the services it starts")

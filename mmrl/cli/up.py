@@ -15,7 +15,7 @@ def ensure_tiny_model(model: Path) -> Path:
     """`model`, after building the tiny model there when it is the default path and nothing is
     there yet (machines without weights). Any other path is used as given."""
     if model == DEFAULT_MODEL and not (model / "config.json").is_file():
-        from services.common.tiny_model import build_tiny_model
+        from mmrl.models.tiny import build_tiny_model
 
         print(f"building the tiny model at {model}", flush=True)
         build_tiny_model(model)

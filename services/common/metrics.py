@@ -143,12 +143,3 @@ def exported_names() -> set[str]:
     for collector in list(REGISTRY._collector_to_names):  # noqa: SLF001 - the registry's own index
         names.update(REGISTRY._collector_to_names[collector])  # noqa: SLF001
     return names
-
-
-def start_observability(service: str, metrics_port: int, tracing_mode: str, host: str = "0.0.0.0") -> None:
-    """What every service's `main` calls before serving: tracing as configured, then the metrics
-    endpoint (port 0: none)."""
-    from services.common import tracing
-
-    tracing.configure(service, tracing_mode)  # type: ignore[arg-type]
-    serve_metrics(metrics_port, host)

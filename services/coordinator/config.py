@@ -17,7 +17,13 @@ from services.common.config_files import apply_overrides, read_config_file
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT
 from services.common.tracing import TracingMode
 from services.common.training import LoraSettings, LossSettings, OptimSettings, TrainSettings
-from services.coordinator.advantages import Normalize
+from services.coordinator.grpo.advantages import Normalize
+from services.coordinator.grpo.credit import VARIANTS
+from services.coordinator.grpo.sampling import STRATEGIES
+
+# Settings renamed since: a config that still says the old name is refused with the new one.
+RENAMED_GRPO = {"mazes_per_step": "tasks_per_step", "extra_mazes": "extra_tasks",
+                "dynamic_sampling": "group_sampling ('dynamic' or 'plain')"}
 
 
 class _Strict(BaseModel):
@@ -47,8 +53,8 @@ class SamplingSettings(_Strict):
 class GrpoSettings(_Strict):
     """Group sampling, advantages and the clipped surrogate loss."""
 
-    group_size: int = Field(8, ge=2, le=256, description="G: episodes per maze, all on the same maze.")
-    mazes_per_step: int = Field(8, ge=1, le=1024, description="B: groups per training step.")
+    group_size: int = Field(8, ge=2, le=256, description="G: episodes per task, all on the same task.")
+    tasks_per_step: int = Field(8, ge=1, le=1024, description="B: tasks (groups) per training step.")
     greedy_per_group: int = Field(
         0, ge=0, le=255,
         description="Episodes of each group played greedily (temperature 0), the rest sampled: the mode's own "
@@ -64,7 +70,7 @@ class GrpoSettings(_Strict):
                     "sum of rewards).",
     )
     credit: str = Field(
-        "grpo", description="Credit assignment variant (services/coordinator/credit.py): 'grpo' (the episode's "
+        "grpo", description="Credit assignment variant (services/coordinator/grpo/credit.py): 'grpo' (the episode's "
                             "group-relative advantage on every turn) or 'gigpo' (needs the env's state keys).",
     )
     step_advantage_weight: float = Field(
@@ -78,15 +84,16 @@ class GrpoSettings(_Strict):
                     "info.invalid: e.g. two moves run together, 'downright'), whatever the episode's reward "
                     "(0 = off).",
     )
-    dynamic_sampling: bool = Field(
-        False, description="DAPO: drop groups whose rewards are all equal and play more mazes."
-    )
+    group_sampling: str = Field(
+        "plain", description="Which played groups a step trains on (services/coordinator/grpo/sampling.py): "
+                             "'plain' (one round, all of them) or 'dynamic' (DAPO: groups whose returns are all "
+                             "equal are replaced by fresh tasks).")
     max_sampling_rounds: int = Field(
-        3, ge=1, le=32, description="With dynamic sampling: at most this many rounds of B mazes per step."
+        3, ge=1, le=32, description="With group_sampling 'dynamic': at most this many rounds of play per step."
     )
-    extra_mazes: int = Field(
+    extra_tasks: int = Field(
         0, ge=0, le=1024,
-        description="With dynamic sampling: mazes played per round beyond those still needed, so that "
+        description="With group_sampling 'dynamic': tasks played per round beyond those still needed, so that "
                     "dropped groups are replaced in the same round instead of a later one.",
     )
     async_rollout: bool = Field(
@@ -95,16 +102,34 @@ class GrpoSettings(_Strict):
                     "one version behind the learner's (set tis_cap to correct for it). Not with colocated.",
     )
 
-    @model_validator(mode="after")
-    def _some_sampled(self) -> GrpoSettings:
-        from services.coordinator.credit import VARIANTS  # credit.py reads these settings
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for old, new in RENAMED_GRPO.items():
+                if old in data:
+                    raise ValueError(f"grpo.{old} is now {new} (docs/configuration.md)")
+        return data
 
+    @model_validator(mode="after")
+    def _consistent(self) -> GrpoSettings:
         if self.credit not in VARIANTS:
             raise ValueError(f"grpo.credit {self.credit!r} is not a registered variant "
                              f"(known: {', '.join(sorted(VARIANTS))})")
+        if self.group_sampling not in STRATEGIES:
+            raise ValueError(f"grpo.group_sampling {self.group_sampling!r} is not a registered strategy "
+                             f"(known: {', '.join(sorted(STRATEGIES))})")
         if self.greedy_per_group >= self.group_size:
             raise ValueError(f"grpo.greedy_per_group ({self.greedy_per_group}) must leave sampled episodes in a "
-                             f"group of grpo.group_size {self.group_size}: greedy episodes of one maze are all alike")
+                             f"group of grpo.group_size {self.group_size}: greedy episodes of one task are all alike")
+        for kind, chosen, registry in (("credit", self.credit, VARIANTS), ("group_sampling", self.group_sampling,
+                                                                          STRATEGIES)):
+            changed = {f for f, info in type(self).model_fields.items() if getattr(self, f) != info.default}
+            for name, variant in registry.items():
+                idle = sorted((set(variant.uses) - set(registry[chosen].uses)) & changed)
+                if name != chosen and idle:
+                    raise ValueError(f"grpo.{idle[0]} does nothing with grpo.{kind} {chosen!r} (it is read by "
+                                     f"{kind} {name!r}): remove it or choose that {kind}")
         return self
 
 
@@ -114,7 +139,7 @@ class EvalSettings(_Strict):
     interval: int = Field(10, ge=1, description="Steps between evaluations.")
     eval_set: str = Field("", description="Eval set name ('' = the environment's default set).")
     max_tasks: int = Field(0, ge=0, description="Evaluate only the first N tasks of the set (0 = all).")
-    sampled_samples: int = Field(4, ge=0, le=64, description="Sampled episodes per maze (0 = skip).")
+    sampled_samples: int = Field(4, ge=0, le=64, description="Sampled episodes per task (0 = skip).")
     sampled_temperature: float = Field(1.0, gt=0.0, le=2.0, description="Temperature of sampled eval.")
     save_frames: bool = Field(True, description="Write greedy eval episodes' frames to shared storage.")
 
@@ -142,7 +167,7 @@ class RunConfig(_Strict):
 
     name: str = Field("run", min_length=1, max_length=100, description="Human-readable run name.")
     seed: int = Field(0, ge=0, le=2**31 - 1,
-                      description="Run seed; maze seeds of step s are a function of (seed, s).")
+                      description="Run seed; the tasks of step s are a function of (seed, s).")
     model: str = Field(..., min_length=1, description="Model directory or hub id (tokenizer source).")
     env: EnvSettings = Field(default_factory=EnvSettings)  # type: ignore[arg-type]
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)  # type: ignore[arg-type]
@@ -162,7 +187,7 @@ class RunConfig(_Strict):
     )
     loggers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
         default=["tensorboard"],
-        description="Experiment trackers fed every step and eval (services/coordinator/trackers.py); "
+        description="Experiment trackers fed every step and eval (services/coordinator/ops/trackers.py); "
                     "tensorboard writes runs/<id>/tensorboard/ on shared storage.")
 
     @model_validator(mode="after")

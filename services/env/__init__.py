@@ -6,5 +6,5 @@ actions.py action parser, render.py frames, spec.py option validation, episode.p
 store.py live episodes, environment.py the maze's batched in-process EnvService (`MazeEnv`),
 evalset.py eval sets, servicer.py gRPC, main.py `mmrl serve env`, bench.py `mmrl bench env`.
 sokoban/ the Sokoban environment (`SokobanEnv`, docs/sokoban.md). The maze itself (generation, BFS
-solver, seed ranges) is shared code: services/common/maze.py. See docs/env.md.
+solver, seed ranges) is shared code: services/env/maze/maze.py. See docs/env.md.
 """

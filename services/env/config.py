@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal, Self
+from typing import Self
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.config_files import read_config_file
-from services.common.maze import MIN_SIZE
 from services.common.tracing import TracingMode
-from services.env.render import frame_side
+from services.env.maze.maze import MIN_SIZE
+from services.env.maze.render import frame_side
 
 
 class EnvConfig(BaseModel):
-    """Limits and defaults of the maze environment service."""
+    """Limits of the env service, and the maze's defaults (its options a spec leaves out)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -85,8 +85,9 @@ class ServerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="MMRL_ENV_", extra="forbid", use_attribute_docstrings=True)
 
-    env: Literal["maze", "sokoban"] = "maze"
-    """The environment served: "maze" (docs/env.md) or "sokoban" (docs/sokoban.md) (MMRL_ENV_ENV)."""
+    env: str = Field(default="maze", min_length=1, max_length=100)
+    """The environment served, by its name in services/env/registry.py: "maze" (docs/env.md),
+    "sokoban" (docs/sokoban.md) (MMRL_ENV_ENV)."""
     host: str = "0.0.0.0"
     """Address to listen on (MMRL_ENV_HOST)."""
     port: int = Field(default=50051, ge=0, le=65535)

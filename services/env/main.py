@@ -1,4 +1,5 @@
-"""`mmrl serve env`: serve an environment over gRPC (`--env maze`, the default, or `--env sokoban`).
+"""`mmrl serve env`: serve an environment over gRPC (`--env NAME`, one of services/env/registry.py;
+the maze by default).
 
 Every option is also an environment variable (`config.ServerSettings`, MMRL_ENV_*); flags override
 them. The environment's limits come from a YAML or TOML file (`--config`, `config.EnvConfig`), and
@@ -16,11 +17,11 @@ from services.common.config_files import load_model_file
 from services.common.grpc_server import start_server, wait_for_termination
 from services.common.logging import setup_logging
 from services.common.messages import summary
-from services.common.metrics import start_observability
+from services.common.observability import start_observability
 from services.common.settings_cli import add_model_options, given_values, settings_from
-from services.env.batched import Environment
+from services.env import registry
 from services.env.config import EnvConfig, ServerSettings
-from services.env.environment import MazeEnv
+from services.env.kit.batched import Environment
 from services.env.servicer import SERVICE_NAME, EnvServicer
 
 
@@ -46,13 +47,7 @@ def main(argv: list[str]) -> int:
     config = load_model_file(EnvConfig, settings.config_file, given_values(args, EnvConfig, "config."))
     log = setup_logging("env", settings.log_level)
     log.info("starting env service", extra={"env": settings.env, "config": config.model_dump()})
-    env: Environment
-    if settings.env == "sokoban":
-        from services.env.sokoban.env import SokobanEnv
-
-        env = SokobanEnv(config)
-    else:
-        env = MazeEnv(config)
+    env = registry.create(settings.env, config)
     start_observability("env", settings.metrics_port, settings.tracing, settings.host)
     asyncio.run(serve(f"{settings.host}:{settings.port}", env))
     return 0

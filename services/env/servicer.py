@@ -18,8 +18,8 @@ from google.protobuf import struct_pb2
 
 from mmrl_proto.v1 import env_pb2, env_pb2_grpc
 from services.env import metrics
-from services.env.batched import Environment, EpisodeView
 from services.env.errors import EnvError
+from services.env.kit.batched import Environment, EpisodeView
 
 SERVICE_NAME = env_pb2.DESCRIPTOR.services_by_name["EnvService"].full_name  # "mmrl.v1.EnvService"
 PNG_MIME = "image/png"

@@ -71,7 +71,7 @@ async def serve(settings: LearnerSettings, engine: object, port_file: Path | Non
     """Rank 0: the gRPC server driving every rank, until SIGTERM/SIGINT."""
     from mmrl_proto.v1 import learner_pb2_grpc
     from services.common.grpc_server import start_server, wait_for_termination
-    from services.common.metrics import start_observability
+    from services.common.observability import start_observability
     from services.learner.driver import LearnerDriver
     from services.learner.servicer import SERVICE_NAME, LearnerServicer
 

@@ -20,7 +20,7 @@ from services.common.config_files import load_model_file
 from services.common.grpc_server import wait_for_termination
 from services.common.logging import setup_logging
 from services.common.messages import summary
-from services.common.metrics import start_observability
+from services.common.observability import start_observability
 from services.common.settings_cli import add_model_options, given_values, settings_from
 from services.rollout.config import RolloutConfig, ServerSettings
 from services.rollout.service import RolloutServer

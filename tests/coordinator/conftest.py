@@ -9,11 +9,11 @@ import pytest
 from mmrl_proto.v1 import env_pb2_grpc
 from services.common.grpc_server import start_server
 from services.common.procs import free_port, start_redis, stop_process
-from services.coordinator.clients import CallPolicy, EnvClient
-from services.coordinator.replicas import Envs, Rollouts, Services
-from services.coordinator.runloop import RunContext
+from services.coordinator.grpo.runloop import RunContext
+from services.coordinator.ops.clients import CallPolicy, EnvClient
+from services.coordinator.ops.replicas import Envs, Rollouts, Services
 from services.env.config import EnvConfig
-from services.env.environment import MazeEnv
+from services.env.maze.env import MazeEnv
 from services.env.servicer import SERVICE_NAME, EnvServicer
 
 
@@ -29,7 +29,7 @@ def redis_url() -> Iterator[str]:
 @pytest.fixture
 async def store(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[object]:
     """A RunStore on a flushed database (per-test isolation)."""
-    from services.coordinator.store import RunStore
+    from services.coordinator.ops.store import RunStore
 
     store = RunStore.from_url(f"{redis_url}/1")
     await store.r.flushdb()
@@ -53,9 +53,9 @@ async def env_services() -> AsyncIterator[Services]:
 @pytest.fixture
 def held_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     """Runs whose services answer and whose loop waits until the event is set, then succeeds."""
-    from services.coordinator import manager as manager_module
-    from services.coordinator.replicas import Services
-    from services.coordinator.store import RunState
+    from services.coordinator.ops import manager as manager_module
+    from services.coordinator.ops.replicas import Services
+    from services.coordinator.ops.store import RunState
 
     release = threading.Event()
 

@@ -18,14 +18,14 @@ from typing import Any
 from services.common import storage
 from services.common.conversation import expand_image_placeholders
 from services.coordinator.config import FrameSettings, RunConfig
-from services.coordinator.episodes import Sampling, Timers, play_episodes
-from services.coordinator.evaluation import solve_rate
-from services.coordinator.records import eval_records, train_records
-from services.coordinator.replicas import Envs, Rollouts, Services
-from services.coordinator.store import RunState, RunStore
-from services.coordinator.wire import Generation, Prompt, TaskSpec
-from services.env.environment import MazeEnv
-from services.env.spec import EpisodeSpec
+from services.coordinator.grpo.episodes import PlayPlan, Policy, Prompting, Sampling, Timers, play_episodes
+from services.coordinator.grpo.evaluation import solve_rate
+from services.coordinator.grpo.records import eval_records, train_records
+from services.coordinator.ops.replicas import Envs, Rollouts, Services
+from services.coordinator.ops.store import RunState, RunStore
+from services.coordinator.ops.wire import Generation, Prompt, TaskSpec
+from services.env.kit.spec import EpisodeSpec
+from services.env.maze.env import MazeEnv
 from tests.coordinator.chat import CHAT, CharTokenizer
 
 SIZE, MAX_MOVES = 9, 16
@@ -86,7 +86,7 @@ async def record_finished_run(store: RunStore, env: Any, shared_root: Path, run_
     config = RunConfig(name="console tiny", model="tiny-model", steps=3,
                        frames=FrameSettings(train="groups", train_groups=1))
     config.eval.interval = 3
-    config.grpo.mazes_per_step, config.grpo.group_size = 2, 4
+    config.grpo.tasks_per_step, config.grpo.group_size = 2, 4
     config.env.options, config.env.max_moves = {"size": str(SIZE)}, MAX_MOVES
     await store.create_run(run_id, config.name, config.model_dump(mode="json"), config.steps)
     await store.set_state(run_id, RunState.RUNNING)
@@ -97,10 +97,9 @@ async def record_finished_run(store: RunStore, env: Any, shared_root: Path, run_
 
     async def play(seeds: list[int], samples: int, version: int, seed: int) -> list[Any]:
         specs = [TaskSpec(seed=s, max_moves=MAX_MOVES, options={"size": str(SIZE)}) for s in seeds]
-        return await play_episodes(services, CharTokenizer(), CHAT, specs, samples_per_spec=samples,
-                                   sampling=Sampling(1.0, 1.0, 8), run_id=run_id, adapter_version=version,
-                                   system_prompt="", max_turns=MAX_MOVES, seed=seed, timers=Timers(),
-                                   keep_frames=True)
+        return await play_episodes(services, Prompting(CharTokenizer(), CHAT, ""), Policy(run_id, version),
+                                   PlayPlan(specs, samples_per_spec=samples, sampling=Sampling(1.0, 1.0, 8),
+                                            max_turns=MAX_MOVES, seed=seed, keep_frames=True), Timers())
 
     async def evaluate(step: int, version: int) -> None:
         policy.skill = SKILL[step]
@@ -134,7 +133,7 @@ async def record_with_env_server(redis_url: str, shared_root: Path, run_id: str 
     """`record_finished_run` with its own env service on loopback (for tests that are not async)."""
     from mmrl_proto.v1 import env_pb2_grpc
     from services.common.grpc_server import start_server
-    from services.coordinator.clients import CallPolicy, EnvClient
+    from services.coordinator.ops.clients import CallPolicy, EnvClient
     from services.env.config import EnvConfig
     from services.env.servicer import SERVICE_NAME, EnvServicer
 

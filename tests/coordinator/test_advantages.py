@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from services.coordinator.advantages import (
+from services.coordinator.grpo.advantages import (
     discounted_return,
     group_advantages,
     is_informative,

@@ -169,7 +169,7 @@ def test_a_learner_takes_one_run_at_a_time(client: TestClient, tiny_model_dir: P
 def test_runs_left_running_on_one_learner_resume_newest_first_and_the_others_wait_paused(
     redis_url: str, tmp_path: Path, tiny_model_dir: Path, held_runs: threading.Event
 ) -> None:
-    from services.coordinator.store import RunStore
+    from services.coordinator.ops.store import RunStore
 
     async def leave_running() -> list[str]:
         store = RunStore.from_url(f"{redis_url}/2")
@@ -199,7 +199,7 @@ def test_runs_left_running_on_one_learner_resume_newest_first_and_the_others_wai
 def test_a_run_resumed_by_a_restarted_coordinator_waits_for_its_services(
     redis_url: str, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    from services.coordinator.store import RunStore
+    from services.coordinator.ops.store import RunStore
 
     async def leave_running() -> str:
         store = RunStore.from_url(f"{redis_url}/2")
@@ -222,7 +222,7 @@ def test_runs_left_running_resume_when_redis_comes_up_after_the_coordinator(
     tmp_path: Path, tiny_model_dir: Path, held_runs: threading.Event
 ) -> None:
     from services.common.procs import start_redis, stop_process
-    from services.coordinator.store import RunStore
+    from services.coordinator.ops.store import RunStore
 
     port, data = free_port(), tmp_path / "redis"
     url = f"redis://127.0.0.1:{port}/0"

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from mmrl_proto.v1 import rollout_pb2
-from services.coordinator.clients import CallPolicy, RolloutClient, ServiceError
+from services.coordinator.ops.clients import CallPolicy, RolloutClient, ServiceError
 
 
 async def test_a_replica_that_loaded_other_adapter_bytes_than_were_published_is_a_mismatch(

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from services.common.maze import ACTIONS
 from services.coordinator.config import RunConfig, load_run_config
-from services.coordinator.tasks import ConfigRefused, require_action_budget, require_env, task_seed
-from services.coordinator.wire import EnvInfo
+from services.coordinator.grpo.tasks import ConfigRefused, require_action_budget, require_env, task_seed
+from services.coordinator.ops.wire import EnvInfo
+from services.env.maze.maze import ACTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,8 +115,8 @@ def test_a_cosine_schedule_decays_over_the_runs_optimiser_steps() -> None:
 
 
 def test_sampling_seeds_past_int64_fit_the_rollout_request_and_run_seeds_are_bounded() -> None:
-    from services.coordinator.clients import _generation_request
-    from services.coordinator.wire import Prompt, SamplingParams
+    from services.coordinator.ops.clients import _generation_request
+    from services.coordinator.ops.wire import Prompt, SamplingParams
 
     def wire_seed(seed: int) -> int:
         sampling = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=4, stop_token_ids=[], seed=seed)
@@ -133,7 +133,7 @@ def test_sampling_seeds_past_int64_fit_the_rollout_request_and_run_seeds_are_bou
 @pytest.mark.parametrize("name", ["café-run", "实验", "___x", "A b/c", "-"])
 def test_run_ids_made_from_any_name_are_valid_on_shared_storage(name: str) -> None:
     from services.common.storage import validate_run_id
-    from services.coordinator.store import new_run_id
+    from services.coordinator.ops.store import new_run_id
 
     run_id = new_run_id(name)
     assert validate_run_id(run_id) == run_id

@@ -18,10 +18,10 @@ from services.common.procs import free_port
 from services.coordinator.api.app import create_app
 from services.coordinator.api.console import UI_DIR
 from services.coordinator.config import CoordinatorSettings, FrameSettings
-from services.coordinator.episodes import Sampling, Timers, play_episodes
-from services.coordinator.records import train_records
-from services.coordinator.replicas import Rollouts, Services
-from services.coordinator.wire import TaskSpec
+from services.coordinator.grpo.episodes import PlayPlan, Policy, Prompting, Sampling, Timers, play_episodes
+from services.coordinator.grpo.records import train_records
+from services.coordinator.ops.replicas import Rollouts, Services
+from services.coordinator.ops.wire import TaskSpec
 from tests.coordinator.chat import CHAT, CharTokenizer
 from tests.coordinator.finished_run import MAX_MOVES, ScriptedPolicy, record_with_env_server
 
@@ -146,9 +146,8 @@ async def test_training_frames_are_kept_for_none_the_first_groups_or_all_of_a_st
     services = Services(env=env_services.env, rollouts=Rollouts([ScriptedPolicy([31, 32, 33])]),  # type: ignore[list-item]
                         learner=None)
     specs = [TaskSpec(seed=s, max_moves=4, options={"size": "9"}) for s in (31, 32, 33)]
-    played = await play_episodes(services, CharTokenizer(), CHAT, specs, samples_per_spec=2,
-                                 sampling=Sampling(1.0, 1.0, 8), run_id="r", adapter_version=0, system_prompt="",
-                                 max_turns=4, seed=1, timers=Timers(), keep_frames=True)
+    played = await play_episodes(services, Prompting(CharTokenizer(), CHAT, ""), Policy("r", 0), PlayPlan(
+        specs, samples_per_spec=2, sampling=Sampling(1.0, 1.0, 8), max_turns=4, seed=1, keep_frames=True), Timers())
     groups = [played[0:2], played[2:4], played[4:6]]
     for step, (settings, groups_kept) in enumerate([(FrameSettings(train="off"), set()),
                                                     (FrameSettings(train="groups", train_groups=2), {0, 1}),

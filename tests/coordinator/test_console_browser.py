@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from services.common.procs import free_port, stop_process
-from services.coordinator.store import RunStore
+from services.coordinator.ops.store import RunStore
 from tests.coordinator.finished_run import record_with_env_server
 
 pytestmark = pytest.mark.slow

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from services.coordinator import runloop
 from services.coordinator.config import RunConfig
-from services.coordinator.episodes import EpisodeResult, Sampling
-from services.coordinator.wire import TaskSpec
+from services.coordinator.grpo import runloop
+from services.coordinator.grpo.episodes import EpisodeResult, Sampling
+from services.coordinator.ops.wire import TaskSpec
 
 
 class TaskDraws:
@@ -51,7 +51,7 @@ def _step(
 
     monkeypatch.setattr(runloop, "play_episodes", play)
     config = RunConfig.model_validate({"model": "m", "grpo": {
-        "group_size": 2, "mazes_per_step": 4, "dynamic_sampling": True, **grpo}})
+        "group_size": 2, "tasks_per_step": 4, "group_sampling": "dynamic", **grpo}})
     ctx = runloop.RunContext(run_id="r", config=config, services=SimpleNamespace(env=TaskDraws()),  # type: ignore[arg-type]
                              store=None, shared_root=None, tokenizer=None, chat=None)  # type: ignore[arg-type]
     step = asyncio.run(runloop.sample_step(ctx, 1, 0, Sampling(1.0, 1.0, 4)))
@@ -69,15 +69,15 @@ def test_dropped_groups_are_replaced_by_a_later_round(monkeypatch: pytest.Monkey
     assert [group[0].group_index for group in step.dropped] == [1, 3]
 
 
-def test_extra_mazes_replace_dropped_groups_in_the_same_round(monkeypatch: pytest.MonkeyPatch) -> None:
-    step, per_round = _step(monkeypatch, informative={0, 2, 4, 5}, max_sampling_rounds=1, extra_mazes=2,
+def test_extra_tasks_replace_dropped_groups_in_the_same_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    step, per_round = _step(monkeypatch, informative={0, 2, 4, 5}, max_sampling_rounds=1, extra_tasks=2,
                             greedy_per_group=1)
     assert per_round == [6] and _mazes(step) == [0, 2, 4, 5]
     assert step.num_dropped == 2
 
 
 def test_the_last_round_fills_the_batch_with_dropped_groups(monkeypatch: pytest.MonkeyPatch) -> None:
-    step, per_round = _step(monkeypatch, informative={1, 5}, max_sampling_rounds=2, extra_mazes=1)
+    step, per_round = _step(monkeypatch, informative={1, 5}, max_sampling_rounds=2, extra_tasks=1)
     # Round 1: mazes 0-4, only 1 informative; round 2: 3 needed + 1 extra = mazes 5-8, 5 informative.
     assert per_round == [5, 4] and _mazes(step) == [1, 5, 6, 7]
     assert step.num_dropped == 9 - 4

@@ -5,9 +5,9 @@ which replica serves each episode."""
 from __future__ import annotations
 
 from services.common.conversation import expand_image_placeholders
-from services.coordinator.episodes import Sampling, Timers, play_episodes
-from services.coordinator.replicas import Rollouts, Services
-from services.coordinator.wire import Generation, Prompt, TaskSpec
+from services.coordinator.grpo.episodes import PlayPlan, Policy, Prompting, Sampling, Timers, play_episodes
+from services.coordinator.ops.replicas import Rollouts, Services
+from services.coordinator.ops.wire import Generation, Prompt, TaskSpec
 from tests.coordinator.chat import CHAT, CharTokenizer
 
 
@@ -34,6 +34,9 @@ class RecordingRollout:
                 for p in prompts]
 
 
+PROMPTING = Prompting(CharTokenizer(), CHAT, "")
+
+
 def _services(env_services: Services, *replicas: RecordingRollout) -> Services:
     return Services(env=env_services.env, rollouts=Rollouts(replicas), learner=None)  # type: ignore[arg-type]
 
@@ -42,10 +45,9 @@ async def test_the_first_episodes_of_each_group_are_played_greedily(env_services
     rollout = RecordingRollout()
     specs = [TaskSpec(seed=seed, max_moves=2) for seed in (11, 12)]
     episodes = await play_episodes(
-        _services(env_services, rollout), CharTokenizer(), CHAT, specs, samples_per_spec=4,
-        sampling=Sampling(0.5, 0.75, 4), run_id="r", adapter_version=0, system_prompt="", max_turns=2, seed=5,
-        timers=Timers(), greedy_per_spec=1,
-    )
+        _services(env_services, rollout), PROMPTING, Policy("r", 0),
+        PlayPlan(specs, samples_per_spec=4, sampling=Sampling(0.5, 0.75, 4), max_turns=2, seed=5, greedy_per_spec=1),
+        Timers())
     assert [e.group_index for e in episodes] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert all(e.actions == ["right", "right"] for e in episodes)
     # Two turns of 8 episodes; in each turn, episodes 0 and 4 (the first of each group) are greedy.
@@ -60,10 +62,9 @@ async def test_the_first_episodes_of_each_group_are_played_greedily(env_services
 async def test_each_turn_records_whether_the_env_could_read_its_action(env_services: Services) -> None:
     rollout = RecordingRollout(answers=("downright", "right", "down"))
     episodes = await play_episodes(
-        _services(env_services, rollout), CharTokenizer(), CHAT, [TaskSpec(seed=11, max_moves=3)],
-        samples_per_spec=2, sampling=Sampling(1.0, 1.0, 4), run_id="r", adapter_version=0, system_prompt="",
-        max_turns=3, seed=5, timers=Timers(),
-    )
+        _services(env_services, rollout), PROMPTING, Policy("r", 0),
+        PlayPlan([TaskSpec(seed=11, max_moves=3)], samples_per_spec=2, sampling=Sampling(1.0, 1.0, 4), max_turns=3,
+                 seed=5), Timers())
     assert [e.actions for e in episodes] == [["downright", "right", "down"]] * 2
     assert [e.invalid_turns for e in episodes] == [[True, False, False]] * 2
 
@@ -74,10 +75,9 @@ async def test_every_turn_of_an_episode_goes_to_the_replica_of_its_first_turn(en
     first, second = RecordingRollout(("right", "stop", "down")), RecordingRollout(("left", "left", "stop"))
     services = _services(env_services, first, second)
     episodes = await play_episodes(
-        services, CharTokenizer(), CHAT, [TaskSpec(seed=s, max_moves=5) for s in (11, 12, 13)],
-        samples_per_spec=2, sampling=Sampling(1.0, 1.0, 4), run_id="r", adapter_version=0, system_prompt="",
-        max_turns=5, seed=5, timers=Timers(),
-    )
+        services, PROMPTING, Policy("r", 0),
+        PlayPlan([TaskSpec(seed=s, max_moves=5) for s in (11, 12, 13)], samples_per_spec=2,
+                 sampling=Sampling(1.0, 1.0, 4), max_turns=5, seed=5), Timers())
     # Each replica's first call holds half the episodes; every later call holds only those.
     assert [len(call) for call in first.calls][0] == [len(call) for call in second.calls][0] == 3
     assert len(first.calls) == 2 and len(second.calls) == 3  # first's episodes stopped at their 2nd turn

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from services.coordinator.episodes import EpisodeResult
-from services.coordinator.evaluation import mean_moves_over_optimal, pass_rate, solve_rate
-from services.coordinator.wire import TaskSpec
+from services.coordinator.grpo.episodes import EpisodeResult
+from services.coordinator.grpo.evaluation import mean_moves_over_optimal, pass_rate, solve_rate
+from services.coordinator.ops.wire import TaskSpec
 
 
 def _episode(group: int, solved: bool, moves: int = 6, optimal: int = 6) -> EpisodeResult:
@@ -38,7 +38,7 @@ def test_moves_over_optimal_counts_solved_episodes_only() -> None:
 
 
 def test_an_eval_plays_its_mazes_own_move_budgets_not_the_runs_turn_cap() -> None:
-    from services.coordinator.evaluation import eval_turn_limit
+    from services.coordinator.grpo.evaluation import eval_turn_limit
 
     hard = [TaskSpec(seed=1, max_moves=32), TaskSpec(seed=2, max_moves=20)]
     assert eval_turn_limit(hard, default=20) == 32  # a run of env.max_moves 20 cut these at 20

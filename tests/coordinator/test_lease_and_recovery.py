@@ -8,11 +8,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from services.coordinator.clients import ServiceError
 from services.coordinator.config import CoordinatorSettings, RunConfig
-from services.coordinator.manager import RunManager
-from services.coordinator.recovery import drive
-from services.coordinator.store import RunState, RunStore
+from services.coordinator.ops.clients import ServiceError
+from services.coordinator.ops.manager import RunManager
+from services.coordinator.ops.recovery import drive
+from services.coordinator.ops.store import RunState, RunStore
 
 
 async def _until(check: Any, timeout_s: float = 10.0) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from services.common.conversation import TokenConversation
-from services.coordinator.episodes import EpisodeResult
-from services.coordinator.records import episode_record, write_frames
-from services.coordinator.wire import TaskSpec
+from services.coordinator.grpo.episodes import EpisodeResult
+from services.coordinator.grpo.records import episode_record, write_frames
+from services.coordinator.ops.wire import TaskSpec
 from tests.coordinator.chat import CHAT
 
 

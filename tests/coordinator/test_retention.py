@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from services.common import storage
-from services.coordinator.retention import doomed, prune
+from services.coordinator.ops.retention import doomed, prune
 
 
 def _publish(directory: Path) -> None:

@@ -12,20 +12,20 @@ from typing import Any
 
 import pytest
 
+from mmrl.bench import synthetic
 from mmrl_proto.v1 import env_pb2_grpc, learner_pb2_grpc
 from services.common import tracing
 from services.common.conversation import ChatTokens
 from services.common.grpc_server import start_server
-from services.coordinator.clients import CallPolicy
 from services.coordinator.config import RunConfig
-from services.coordinator.replicas import Services
-from services.coordinator.runloop import RunContext, execute_run
-from services.coordinator.store import RunState
+from services.coordinator.grpo.runloop import RunContext, execute_run
+from services.coordinator.ops.clients import CallPolicy
+from services.coordinator.ops.replicas import Services
+from services.coordinator.ops.store import RunState
 from services.env.config import EnvConfig
-from services.env.environment import MazeEnv
+from services.env.maze.env import MazeEnv
 from services.env.servicer import SERVICE_NAME as ENV_SERVICE
 from services.env.servicer import EnvServicer
-from services.learner import synthetic
 from services.learner.config import LearnerSettings
 from services.learner.distributed import init_distributed
 from services.learner.driver import LearnerDriver
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.slow
 
 class TinyLayoutEngine(FakeEngine):
     """Expands each image placeholder to the tiny model's 25 image tokens and 'generates' an action
-    word and <|im_end|> (services/learner/synthetic.py), so the real learner accepts the layout."""
+    word and <|im_end|> (mmrl/bench/synthetic.py), so the real learner accepts the layout."""
 
     def __init__(self, tokenizer: Any) -> None:
         super().__init__(vocab_size=len(tokenizer), max_model_len=4096)
@@ -108,7 +108,7 @@ async def test_one_steps_trace_crosses_all_four_services(services: Services, spa
 
     config = RunConfig.model_validate({
         "name": "traced", "model": str(tiny_model_dir), "steps": 1, "loggers": [],
-        "grpo": {"group_size": 2, "mazes_per_step": 1}, "env": {"max_moves": 2},
+        "grpo": {"group_size": 2, "tasks_per_step": 1}, "env": {"max_moves": 2},
         "eval": {"max_tasks": 1, "sampled_samples": 0, "save_frames": False},
         "optim": {"micro_batch_size": 2}, "sampling": {"max_tokens": 3}})
     run = await store.create_run("traced-run", "traced", config.model_dump(mode="json"), config.steps)

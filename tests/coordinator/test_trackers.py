@@ -11,8 +11,8 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from services.coordinator import prometheus
-from services.coordinator.trackers import RecordingStore, tensorboard_dir
+from services.coordinator.ops import prometheus
+from services.coordinator.ops.trackers import RecordingStore, tensorboard_dir
 
 
 def _frames(directory: Path, count: int) -> list[str]:
@@ -108,7 +108,7 @@ async def test_a_tracker_failing_mid_run_is_dropped_and_the_step_is_still_record
 
 async def test_coordinator_metrics_hold_run_states_newest_values_and_phase_histograms(
         store: Any, tmp_path: Path) -> None:
-    from services.coordinator.store import RunState
+    from services.coordinator.ops.store import RunState
 
     run = await store.create_run("prom-run", "prom", {}, 2)
     await store.set_state(run["id"], RunState.RUNNING)

@@ -10,9 +10,9 @@ import pytest
 import redis
 
 from services.coordinator.config import CoordinatorSettings, RunConfig
-from services.coordinator.manager import RunManager, TransitionError
-from services.coordinator.runloop import serve_request
-from services.coordinator.store import RunState
+from services.coordinator.grpo.runloop import serve_request
+from services.coordinator.ops.manager import RunManager, TransitionError
+from services.coordinator.ops.store import RunState
 
 CONFIG = {"name": "transitions", "model": "some/model", "steps": 2}
 

@@ -14,7 +14,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from services.coordinator.api.app import create_app
-from services.coordinator.store import AlreadyClaimed, RunStore
+from services.coordinator.ops.store import AlreadyClaimed, RunStore
 from services.coordinator.triggers import signature
 from tests.coordinator.triggers_support import (
     BUCKET,

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from services.common.conversation import TokenConversation
-from services.coordinator import credit, trajectories
-from services.coordinator.advantages import noop_turns
 from services.coordinator.config import GrpoSettings
-from services.coordinator.episodes import EpisodeResult, invalid_fraction, observation_key
-from services.coordinator.wire import TaskSpec
+from services.coordinator.grpo import credit, trajectories
+from services.coordinator.grpo.advantages import noop_turns
+from services.coordinator.grpo.episodes import EpisodeResult, invalid_fraction, observation_key
+from services.coordinator.ops.wire import TaskSpec
 from tests.coordinator.chat import CHAT
 
 

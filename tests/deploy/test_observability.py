@@ -23,14 +23,14 @@ SAMPLE_SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created")
 
 def mmrl_exported_names() -> set[str]:
     """Sample names the services' metric modules register (imported here, as each service does)."""
-    import services.coordinator.prometheus  # noqa: F401
+    import services.coordinator.ops.prometheus  # noqa: F401
     import services.env.metrics  # noqa: F401
     import services.learner.metrics  # noqa: F401
     import services.rollout.metrics  # noqa: F401
     from services.common.metrics import exported_names
 
-    # Names read from the run store at scrape time (services/coordinator/prometheus.py).
-    from services.coordinator.prometheus import RUN_GAUGES
+    # Names read from the run store at scrape time (services/coordinator/ops/prometheus.py).
+    from services.coordinator.ops.prometheus import RUN_GAUGES
 
     return exported_names() | {"mmrl_runs", "mmrl_run_step"} | {name for name, *_ in RUN_GAUGES}
 

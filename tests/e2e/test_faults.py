@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mmrl.cli.bench_faults import KILL_ORDER, SMALL, passed, run_faults, table
+from mmrl.bench.faults import KILL_ORDER, SMALL, passed, run_faults, table
 from mmrl.cli.run import load_config_dict
 from mmrl.cli.stack import Stack, StackConfig
 

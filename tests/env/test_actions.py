@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.env.actions import ACTIONS, parse_action
+from services.env.kit.actions import WORDS as ACTIONS
+from services.env.kit.actions import parse_action
 
 TABLE = [
     ("up", "up"),

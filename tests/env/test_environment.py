@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from services.common.maze import solve
 from services.env.config import EnvConfig
-from services.env.environment import MazeEnv
 from services.env.errors import EnvError, ErrorCode
-from services.env.spec import EpisodeSpec
+from services.env.kit.spec import EpisodeSpec
+from services.env.maze.env import MazeEnv
+from services.env.maze.maze import solve
 
 
 @dataclass

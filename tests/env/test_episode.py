@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.maze import DIRECTIONS, Maze, generate_maze, solve
 from services.env.config import EnvConfig
-from services.env.episode import Episode, EpisodeFinishedError
-from services.env.render import MazeRenderer
-from services.env.spec import EpisodeSpec, parse_spec
+from services.env.kit.grid import DIRECTIONS
+from services.env.kit.spec import EpisodeSpec
+from services.env.maze.episode import Episode, EpisodeFinishedError
+from services.env.maze.maze import Maze, generate_maze, solve
+from services.env.maze.render import MazeRenderer
+from services.env.maze.spec import parse_spec
 
 
 def _episode(seed: int = 0, max_moves: int = 20, **options: str) -> Episode:

@@ -6,17 +6,9 @@ import dataclasses
 
 import pytest
 
-from services.common.maze import (
-    EVAL_SEED_MAX,
-    EVAL_SEED_MIN,
-    TRAIN_SEED_LIMIT,
-    eval_seeds,
-    is_eval_layout,
-    is_eval_seed,
-    is_training_seed,
-    layout_key,
-)
-from services.env.evalset import DEFAULT_EVAL_SET, RECIPES, content_hash, get_eval_set
+from services.env.kit.seeds import EVAL_SEED_MAX, EVAL_SEED_MIN, TRAIN_SEED_LIMIT, is_eval_seed
+from services.env.maze.evalset import DEFAULT_EVAL_SET, RECIPES, content_hash, get_eval_set
+from services.env.maze.maze import eval_seeds, is_eval_layout, is_training_seed, layout_key
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -60,10 +52,15 @@ def test_eval_sets_hold_distinct_layouts_that_training_never_plays(name: str) ->
     keys = [layout_key(spec.seed, recipe.size) for spec in get_eval_set(name).specs]
     assert len(set(keys)) == len(keys) == recipe.num_tasks
     assert all(is_eval_layout(key) for key in keys)
-    # Every seed of the eval range the set passed over was rejected for its layout.
+    # Every seed of the eval range the set passed over was rejected for its layout (its own, or one of the
+    # set it keeps apart from).
     seeds = [spec.seed for spec in get_eval_set(name).specs]
     skipped = set(range(recipe.first_seed, seeds[-1])) - set(seeds)
-    assert all(not is_eval_layout(layout_key(s, recipe.size)) or layout_key(s, recipe.size) in keys for s in skipped)
+    apart = ({layout_key(spec.seed, recipe.size) for spec in get_eval_set(recipe.apart_from).specs}
+             if recipe.apart_from else set())
+    assert all(not is_eval_layout(layout_key(s, recipe.size)) or layout_key(s, recipe.size) in {*keys, *apart}
+               for s in skipped)
+    assert not apart & set(keys)
     # ... and training, which draws by seed, plays none of them: the training seeds that carve an
     # eval layout (there are many) are exactly the ones `is_training_seed` refuses.
     carving = [s for s in range(20_000) if layout_key(s, recipe.size) in set(keys)]

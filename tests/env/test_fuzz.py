@@ -10,12 +10,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from services.common.maze import Cell, generate_maze
-from services.env.actions import ACTIONS, answer_span, parse_action
 from services.env.config import EnvConfig
-from services.env.episode import Episode
-from services.env.render import AGENT, MazeRenderer
-from services.env.spec import EpisodeSettings, EpisodeSpec, parse_spec
+from services.env.kit.actions import WORDS as ACTIONS
+from services.env.kit.actions import answer_span, parse_action
+from services.env.kit.grid import Cell
+from services.env.kit.spec import EpisodeSpec
+from services.env.maze.episode import Episode
+from services.env.maze.maze import generate_maze
+from services.env.maze.render import AGENT, MazeRenderer
+from services.env.maze.spec import EpisodeSettings, parse_spec
 
 WORDS = st.sampled_from([*ACTIONS, "north", "UP", "Left.", "<answer>", "</answer>", "<think>", "</think>",
                          "go", "not", "xyz", " ", "\n", "🙂"])
@@ -61,7 +64,7 @@ def answer_span_reference(text: str) -> str:
 
 def test_think_openings_after_the_last_close_are_never_searched(monkeypatch: pytest.MonkeyPatch) -> None:
     """`"<think>" * 1170` made the block search quadratic (8 s for one 256-action Step)."""
-    from services.env import actions
+    from services.env.kit import actions
 
     searched: list[int] = []
 

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from mmrl.bench import env as bench
+from mmrl.bench.env import wait_for_port
 from services.common.grpc_server import check_health
-from services.env import bench
-from services.env.bench import wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV_MODULES = sorted(
-    f"services.env.{path.stem}" for path in (ROOT / "services" / "env").glob("*.py") if path.stem != "__init__"
+    ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    for path in (ROOT / "services" / "env").rglob("*.py")
 )
 
 

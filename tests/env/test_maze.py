@@ -7,8 +7,9 @@ from collections import deque
 import numpy as np
 import pytest
 
-from services.common.maze import (
-    DIRECTIONS,
+from services.env.kit.grid import DIRECTIONS
+from services.env.maze.evalset import get_eval_set
+from services.env.maze.maze import (
     Maze,
     generate_maze,
     optimal_action,
@@ -17,7 +18,6 @@ from services.common.maze import (
     option_flag,
     solve,
 )
-from services.env.evalset import get_eval_set
 
 SIZES = (5, 7, 9, 11, 15, 21, 51)
 

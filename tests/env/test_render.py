@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from services.common.maze import generate_maze
-from services.env.render import (
+from services.env.maze.maze import generate_maze
+from services.env.maze.render import (
     AGENT,
     COLOURS,
     FLOOR,

@@ -14,11 +14,11 @@ from PIL import Image
 
 from mmrl_proto.v1 import env_pb2, env_pb2_grpc
 from services.common.grpc_server import RunningServer, channel, start_server
-from services.common.maze import generate_maze, solve
 from services.env.config import EnvConfig
-from services.env.environment import MazeEnv
-from services.env.evalset import RECIPES, get_eval_set
-from services.env.render import MazeRenderer
+from services.env.maze.env import MazeEnv
+from services.env.maze.evalset import RECIPES, get_eval_set
+from services.env.maze.maze import generate_maze, solve
+from services.env.maze.render import MazeRenderer
 from services.env.servicer import SERVICE_NAME, EnvServicer
 
 

@@ -6,7 +6,8 @@ import pytest
 
 from services.env.config import EnvConfig
 from services.env.errors import EnvError, ErrorCode
-from services.env.spec import EpisodeSettings, EpisodeSpec, parse_spec
+from services.env.kit.spec import EpisodeSpec
+from services.env.maze.spec import EpisodeSettings, parse_spec
 
 CONFIG = EnvConfig()
 

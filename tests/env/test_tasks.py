@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.maze import TRAIN_SEED_LIMIT, is_eval_layout, is_eval_seed, layout_key
-from services.env.environment import MazeEnv
 from services.env.errors import EnvError
-from services.env.evalset import RECIPES, get_eval_set
-from services.env.tasks import draw_training_seeds
+from services.env.kit.seeds import TRAIN_SEED_LIMIT, is_eval_seed
+from services.env.maze.env import MazeEnv
+from services.env.maze.evalset import RECIPES, get_eval_set
+from services.env.maze.maze import is_eval_layout, layout_key
+from services.env.maze.tasks import draw_training_seeds
 
 
 def test_the_tasks_of_a_seed_are_a_pure_function_of_it() -> None:

@@ -15,7 +15,7 @@ from mmrl.cli.main import main as mmrl
 from mmrl.envcheck.runner import CHECK_NAMES, CheckResult, run_checks, table
 from mmrl_proto.v1 import env_pb2_grpc
 from services.common.grpc_server import start_server
-from services.env.environment import MazeEnv
+from services.env.maze.env import MazeEnv
 from services.env.servicer import SERVICE_NAME, EnvServicer
 from services.env.sokoban.env import SokobanEnv
 from tests.envcheck.broken_env import VARIANTS, Servicer

@@ -75,7 +75,7 @@ def test_a_grpo_run_trains_on_the_example_env_through_the_real_coordinator(
     monkeypatch.setenv("MMRL_ALLOWED_ENDPOINTS", example_env)  # the coordinator may call the example env
     config = load_config_dict(EXAMPLE / "run.yaml", {
         "model": str(tiny_model_dir), "endpoints.env": [example_env], "steps": 2, "checkpoint_interval": 2,
-        "grpo.group_size": 2, "grpo.mazes_per_step": 2, "eval.max_tasks": 4, "eval.sampled_samples": 1,
+        "grpo.group_size": 2, "grpo.tasks_per_step": 2, "eval.max_tasks": 4, "eval.sampled_samples": 1,
         "eval.interval": 100, "optim.micro_batch_size": 4, "frames.train": "all",
     })
     with Stack(StackConfig(model=tiny_model_dir, state_dir=tmp_path)) as stack:

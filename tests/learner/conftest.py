@@ -23,8 +23,8 @@ def tokenizer(tiny_model_dir: Path) -> Any:
 def trajectories(tokenizer: Any) -> list[Trajectory]:
     """2 groups x 3 episodes x 3 turns, one 80x80 frame (25 image tokens) per turn, advantages
     set so that no group sums to zero (non-trivial gradients)."""
+    from mmrl.bench import synthetic
     from services.common.conversation import ChatTokens
-    from services.learner import synthetic
 
     generate = synthetic.fake_generator(ChatTokens.from_tokenizer(tokenizer), tokenizer, tokens_per_image=25)
     played = synthetic.play_episodes(generate, tokenizer, num_groups=2, group_size=3, num_turns=3, seed=0)

@@ -15,7 +15,7 @@ def with_env_service(work: Callable[[str], T], env: Any = None) -> T:
     from mmrl_proto.v1 import env_pb2_grpc
     from services.common.grpc_server import start_server
     from services.env.config import EnvConfig
-    from services.env.environment import MazeEnv
+    from services.env.maze.env import MazeEnv
     from services.env.servicer import SERVICE_NAME, EnvServicer
 
     async def serve() -> T:

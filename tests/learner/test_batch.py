@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
+from mmrl.bench.synthetic import maze_frame
 from services.common.trajectory import Trajectory
 from services.learner.batch import (
     FrameProcessor,
@@ -23,7 +24,6 @@ from services.learner.batch import (
 )
 from services.learner.distributed import plan_shards
 from services.learner.policy import load_base_model, token_logprobs
-from services.learner.synthetic import maze_frame
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +107,8 @@ def test_an_empty_batch_is_rejected(spec: ModelSpec, frames: FrameProcessor) -> 
 def test_a_right_padded_row_scores_as_it_does_alone_and_the_model_gets_no_attention_mask(
     tokenizer: Any, tiny_model_dir: Path, spec: ModelSpec, frames: FrameProcessor
 ) -> None:
+    from mmrl.bench import synthetic
     from services.common.conversation import ChatTokens
-    from services.learner import synthetic
 
     generate = synthetic.fake_generator(ChatTokens.from_tokenizer(tokenizer), tokenizer, tokens_per_image=25)
     long, short = (synthetic.with_advantages(synthetic.play_episodes(generate, tokenizer, 1, 1, turns), [1.0])[0]

@@ -11,12 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from mmrl.bench.learner import start_learner_process, stop_learner_process
 from mmrl.cli import main as cli
 from mmrl_proto.v1 import learner_pb2, learner_pb2_grpc
 from services.common.grpc_server import channel
 from services.common.settings_cli import given_values, settings_from
 from services.common.trajectory import Trajectory
-from services.learner.bench import start_learner_process, stop_learner_process
 from services.learner.config import LearnerSettings
 from services.learner.launch import launch_from, torchrun_command
 from services.learner.main import parser

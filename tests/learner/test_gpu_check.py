@@ -21,7 +21,7 @@ BLOCKED = (
     f"for name in {ABSENT!r}:\n"
     "    sys.modules[name] = None\n"
     "sys.argv = ['gpu-check', *sys.argv[1:]]\n"
-    "runpy.run_module('services.learner.gpu_check', run_name='__main__')\n"
+    "runpy.run_module('mmrl.bench.gpu', run_name='__main__')\n"
 )
 
 
@@ -60,14 +60,14 @@ def test_the_whole_check_runs_on_a_tiny_model_on_the_cpu_without_the_services_de
 
 
 def test_the_check_runs_with_the_learners_run_defaults() -> None:
+    from mmrl.bench.gpu import RUN_DEFAULTS
     from services.common.training import TrainSettings
-    from services.learner.gpu_check import RUN_DEFAULTS
 
     assert RUN_DEFAULTS == TrainSettings().model_dump()
 
 
 def test_the_time_limit_interrupts_a_check_that_overruns_it() -> None:
-    from services.learner import gpu_check
+    from mmrl.bench import gpu as gpu_check
 
     with pytest.raises(gpu_check.CheckTimeout, match="time limit of 0 s"), gpu_check.time_limit(0.05):
         time.sleep(1)
@@ -77,7 +77,7 @@ def test_the_time_limit_interrupts_a_check_that_overruns_it() -> None:
 def test_the_vllm_part_runs_the_rollout_engine_and_registry_on_the_cpu_backend() -> None:
     pytest.importorskip("vllm")
     done = subprocess.run(
-        [sys.executable, "-m", "services.learner.gpu_check", "--device", "cpu", "--tiny", "--groups", "2",
+        [sys.executable, "-m", "mmrl.bench.gpu", "--device", "cpu", "--tiny", "--groups", "2",
          "--group-size", "2", "--turns", "2", "--steps", "1", "--vllm-prompts", "8", "--time-limit-s", "400"],
         env=_env(), capture_output=True, text=True, timeout=500, cwd=REPO,
     )

@@ -180,7 +180,7 @@ def test_only_sequence_mean_leaves_the_end_of_turn_token_without_a_length_driven
 
 
 def test_the_learner_benchmark_sends_settings_the_learner_accepts() -> None:
-    from services.learner.bench import train_settings
+    from mmrl.bench.learner import train_settings
 
     sent = TrainSettings.from_json(json.dumps(train_settings(4, True)))
     assert (sent.optim.micro_batch_size, sent.optim.activation_checkpointing) == (4, True)

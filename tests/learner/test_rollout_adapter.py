@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from mmrl.bench.synthetic import fake_generator, maze_frame, play_episodes, with_advantages
 from mmrl_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from services.common.conversation import ChatTokens, TokenConversation
 from services.common.grpc_server import channel
 from services.common.trajectory import Trajectory
-from services.learner.synthetic import fake_generator, maze_frame, play_episodes, with_advantages
 from services.rollout.config import RolloutConfig
 from services.rollout.engine_vllm import VllmEngine
 from services.rollout.service import RolloutServer

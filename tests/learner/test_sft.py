@@ -11,7 +11,7 @@ from typing import TypeVar
 import pytest
 from pydantic import ValidationError
 
-from services.learner.sft import SftConfig, train_sft
+from mmrl.sft.train import SftConfig, train_sft
 from tests.learner.env_service import with_env_service
 
 T = TypeVar("T")
@@ -24,7 +24,8 @@ def _with_env_service(work: Callable[[str], T]) -> T:
 def test_sft_data_can_never_reach_the_eval_seed_range() -> None:
     """The config is refused unless the mazes it will play, which skip the layouts reserved for
     eval sets, all lie below the eval seed range."""
-    from services.common.maze import TRAIN_SEED_LIMIT, is_training_seed
+    from services.env.kit.seeds import TRAIN_SEED_LIMIT
+    from services.env.maze.maze import is_training_seed
 
     first = TRAIN_SEED_LIMIT - 1000
     fits = sum(is_training_seed(s, 9) for s in range(first, TRAIN_SEED_LIMIT))
@@ -44,9 +45,9 @@ def test_sft_mazes_skip_the_layouts_reserved_for_eval_sets(tiny_model_dir: Path)
     500,000 would carve 29 of the default eval set's 64 layouts."""
     from transformers import AutoTokenizer
 
-    from services.common.maze import is_eval_layout, layout_key
-    from services.env.evalset import get_eval_set
-    from services.learner.sft import expert_conversations
+    from mmrl.sft.train import expert_conversations
+    from services.env.maze.evalset import get_eval_set
+    from services.env.maze.maze import is_eval_layout, layout_key
 
     eval_layouts = {layout_key(spec.seed, 9) for spec in get_eval_set().specs}
     default = SftConfig(base_model="m", out="o")
@@ -83,7 +84,7 @@ def _untrained_runs(config: SftConfig, tokenizer_dir: Path) -> tuple[list[int], 
     turns, and every conversation's token ids."""
     from transformers import AutoTokenizer
 
-    from services.learner.sft import expert_conversations
+    from mmrl.sft.train import expert_conversations
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     runs = []
@@ -122,8 +123,8 @@ def test_frame_reading_answers_with_the_moves_the_env_service_lets_through(tiny_
     import grpc
     from transformers import AutoTokenizer
 
+    from mmrl.sft.train import READING_QUESTION, frame_reading_questions
     from mmrl_proto.v1 import env_pb2, env_pb2_grpc
-    from services.learner.sft import READING_QUESTION, frame_reading_questions
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     config = SftConfig(base_model="m", out="o", num_mazes=5, first_seed=700_000)
@@ -173,9 +174,9 @@ def test_frame_reading_runs_before_the_expert_updates_and_counts_in_the_fingerpr
 def test_saving_over_a_model_swaps_it_in_and_a_failed_save_keeps_the_old_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from services.learner import sft_ranks
+    from mmrl.sft import ranks as sft_ranks
+    from mmrl.sft.train import _swap_in
     from services.learner.distributed import init_distributed
-    from services.learner.sft import _swap_in
 
     config, ctx = SftConfig(base_model="m", out="o", dtype="float32", device="cpu"), init_distributed("cpu")
 
@@ -277,7 +278,7 @@ def test_keep_last_at_or_below_runs_every_update_and_keeps_the_last_check_inside
 
 
 def test_keep_last_at_or_below_needs_the_last_update_checked() -> None:
-    from services.learner.sft import _kept_update
+    from mmrl.sft.train import _kept_update
 
     with pytest.raises(ValidationError, match="needs a check after the last update: 950"):
         SftConfig(base_model="m", out="o", updates=950, stop_above=0.55, keep="last_at_or_below")
@@ -294,7 +295,7 @@ def test_keep_last_at_or_below_needs_the_last_update_checked() -> None:
 
 
 def test_without_a_check_above_the_bar_the_sft_runs_its_updates_and_keeps_the_last() -> None:
-    from services.learner.sft import _kept_update
+    from mmrl.sft.train import _kept_update
 
     config = SftConfig(base_model="m", out="o", updates=900, stop_above=0.55, check_from=500, check_every=100)
     assert [u for u in range(1, 901) if config.is_check(u)] == [500, 600, 700, 800, 900]
@@ -319,8 +320,8 @@ def test_checks_need_a_check_and_a_check_before_the_last_update(tiny_model_dir: 
 
 
 def test_validation_mazes_are_training_mazes_the_sft_never_plays() -> None:
-    from services.common.maze import is_training_seed, layout_key
-    from services.learner.sft import check_seeds
+    from mmrl.sft.train import check_seeds
+    from services.env.maze.maze import is_training_seed, layout_key
 
     config = SftConfig(base_model="m", out="o", updates=900, stop_above=0.55, check_mazes=128)
     seeds = check_seeds(config)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from services.common.maze import ACTIONS
-from services.learner.sft import SftConfig, expert_conversations
-from services.learner.sft_export import write_jsonl
+from mmrl.sft.jsonl import write_jsonl
+from mmrl.sft.train import SftConfig, expert_conversations
+from services.env.maze.maze import ACTIONS
 from tests.learner.test_sft import _with_env_service
 
 

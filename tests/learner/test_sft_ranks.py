@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mmrl.cli.sft import run_sft
-from services.learner.sft import SftConfig
+from mmrl.sft.train import SftConfig
 
 pytestmark = pytest.mark.slow
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from mmrl.sft.train import SftConfig, expert_conversations, train_sft
 from services.env.sokoban.env import SokobanEnv
 from services.env.sokoban.evalset import get_eval_set
-from services.learner.sft import SftConfig, expert_conversations, train_sft
 from tests.learner.env_service import with_env_service
 
 SOKOBAN = {"base_model": "m", "out": "o", "env": "sokoban", "options": {"size": "5", "pulls": "4"}}

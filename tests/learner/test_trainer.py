@@ -61,8 +61,8 @@ def test_kl_to_the_reference_is_zero_while_the_adapter_is_zero(
 def mixed_lengths(tokenizer: Any, trajectories: list[Trajectory]) -> list[Trajectory]:
     """The 3-turn trajectories with 1- and 2-turn episodes in between: micro-batches are sorted by
     length, so their composition differs from the batch order."""
+    from mmrl.bench import synthetic
     from services.common.conversation import ChatTokens
-    from services.learner import synthetic
 
     generate = synthetic.fake_generator(ChatTokens.from_tokenizer(tokenizer), tokenizer, tokens_per_image=25)
     short = [synthetic.play_episodes(generate, tokenizer, num_groups=1, group_size=2, num_turns=turns, seed=turns)

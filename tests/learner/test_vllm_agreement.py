@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
+from mmrl.bench.synthetic import play_episodes, vllm_generator, with_advantages
 from services.learner.batch import collate, prepare_batch
 from services.learner.policy import load_base_model, token_logprobs
-from services.learner.synthetic import play_episodes, vllm_generator, with_advantages
 from tests.learner.settings import train_json
 
 pytestmark = pytest.mark.slow

@@ -7,8 +7,8 @@ import io
 import pytest
 from PIL import Image
 
+from mmrl.models.tiny_adapter import frame_png
 from services.rollout.frames import FrameCache
-from services.rollout.tiny_adapter import frame_png
 
 PIXEL_BYTES = 80 * 80 * 3  # one decoded tiny frame
 

@@ -15,11 +15,11 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from mmrl.models.tiny_adapter import frame_png
 from mmrl_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from services.common.grpc_server import channel
 from services.common.procs import free_port
 from services.rollout.service import SERVICE_NAME
-from services.rollout.tiny_adapter import frame_png
 
 pytestmark = pytest.mark.slow
 

@@ -14,13 +14,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from mmrl.models.tiny_adapter import frame_png
 from mmrl_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from services.common.grpc_server import channel
 from services.rollout.config import RolloutConfig
 from services.rollout.engine import Engine
 from services.rollout.frames import FrameCache
 from services.rollout.service import SERVICE_NAME, RolloutServer
-from services.rollout.tiny_adapter import frame_png
 from tests.rollout.fake_engine import IMAGE_TOKEN, FakeEngine
 from tests.rollout.test_adapters import publish
 

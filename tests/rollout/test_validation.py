@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from mmrl.models.tiny_adapter import frame_png
 from mmrl_proto.v1 import common_pb2, rollout_pb2
 from services.rollout.engine import ModelInfo
 from services.rollout.errors import InvalidArgument
 from services.rollout.frames import FrameCache
-from services.rollout.tiny_adapter import frame_png
 from services.rollout.validation import AdapterKey, parse_requests
 
 INFO = ModelInfo("m", max_model_len=64, vocab_size=100, image_token_id=7, sleep_supported=False,

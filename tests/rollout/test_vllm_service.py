@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from mmrl.models.tiny_adapter import PROMPT_TEXT, frame_png, publish_adapter, train_adapter
 from mmrl_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from services.common import storage
 from services.common.conversation import ChatTokens
@@ -25,7 +26,6 @@ from services.common.grpc_server import channel
 from services.rollout.config import RolloutConfig
 from services.rollout.engine_vllm import VllmEngine
 from services.rollout.service import SERVICE_NAME, RolloutServer
-from services.rollout.tiny_adapter import PROMPT_TEXT, frame_png, publish_adapter, train_adapter
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

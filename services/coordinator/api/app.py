@@ -13,8 +13,8 @@ from services.coordinator.api import artifacts, configs, errors, guard, runs, sy
 from services.coordinator.api.console import mount_console
 from services.coordinator.api.deps import require_token
 from services.coordinator.config import CoordinatorSettings
-from services.coordinator.manager import RunManager
-from services.coordinator.store import RunStore
+from services.coordinator.ops.manager import RunManager
+from services.coordinator.ops.store import RunStore
 from services.coordinator.triggers.runtime import TriggerRuntime
 from services.coordinator.triggers.settings import TriggerSettings
 

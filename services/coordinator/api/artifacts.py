@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.common import storage
 from services.coordinator.api.deps import RunDep, SettingsDep, StoreDep
-from services.coordinator.records import frame_file
+from services.coordinator.grpo.records import frame_file
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 

@@ -9,8 +9,8 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.coordinator.config import CoordinatorSettings
-from services.coordinator.manager import RunManager
-from services.coordinator.store import RunNotFound, RunStore
+from services.coordinator.ops.manager import RunManager
+from services.coordinator.ops.store import RunNotFound, RunStore
 
 _bearer = HTTPBearer(auto_error=False)
 

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from services.coordinator.admission import NotAllowed
+from services.coordinator.ops.admission import NotAllowed
 
 RETRY_AFTER_S = 5
 

@@ -23,8 +23,8 @@ from services.coordinator.api.models import (
     RunList,
     RunSummary,
 )
-from services.coordinator.manager import TransitionError
-from services.coordinator.store import TERMINAL
+from services.coordinator.ops.manager import TransitionError
+from services.coordinator.ops.store import TERMINAL
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 _EVENT_ID = re.compile(r"\d{1,20}(-\d{1,20})?")  # a Redis stream id (SSE Last-Event-ID)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from services.coordinator import prometheus
 from services.coordinator.api.deps import StoreDep
 from services.coordinator.api.models import Health
+from services.coordinator.ops import prometheus
 
 router = APIRouter(tags=["system"])
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.coordinator.store import PREFIX
+from services.coordinator.ops.store import PREFIX
 
 KEY = f"{PREFIX}trigger:events"
 MAXLEN = 10_000

@@ -11,10 +11,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from services.common.config_files import parse_config_text
-from services.coordinator.admission import NotAllowed
 from services.coordinator.config import RunConfig, load_run_config
-from services.coordinator.manager import RunManager, TransitionError
-from services.coordinator.store import AlreadyClaimed, RunStore
+from services.coordinator.ops.admission import NotAllowed
+from services.coordinator.ops.manager import RunManager, TransitionError
+from services.coordinator.ops.store import AlreadyClaimed, RunStore
 from services.coordinator.triggers.audit import TriggerLog, TriggerOutcome
 from services.coordinator.triggers.events import ObjectEvent
 from services.coordinator.triggers.settings import TriggerRule, TriggerRules

@@ -7,8 +7,8 @@ import asyncio
 from dataclasses import dataclass
 
 from services.coordinator.config import CoordinatorSettings
-from services.coordinator.manager import RunManager
-from services.coordinator.store import RunStore
+from services.coordinator.ops.manager import RunManager
+from services.coordinator.ops.store import RunStore
 from services.coordinator.triggers.dispatch import Triggers
 from services.coordinator.triggers.inbox import Inbox
 from services.coordinator.triggers.settings import TriggerRules, TriggerSettings

@@ -12,15 +12,13 @@ The env's limits (live episodes, batch, action text, largest budget, frame cache
 from __future__ import annotations
 
 import functools
-import random
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from services.common.maze import TRAIN_SEED_LIMIT
-from services.common.messages import shown
-from services.env.batched import BatchedEnv, EnvInfo, named_eval_set
 from services.env.errors import invalid
-from services.env.evalset import EvalSet
+from services.env.kit.batched import BatchedEnv, EnvInfo, named_eval_set
+from services.env.kit.evalset import EvalSet
+from services.env.kit.seeds import draw_training_seeds
+from services.env.kit.spec import EpisodeSpec, SpecLike, check_options_and_seed, int_option
 from services.env.sokoban.episode import SokobanEpisode, Task
 from services.env.sokoban.evalset import RECIPES, get_eval_set
 from services.env.sokoban.level import (
@@ -34,7 +32,6 @@ from services.env.sokoban.level import (
 )
 from services.env.sokoban.render import SokobanRenderer, frame_side
 from services.env.sokoban.solver import Solution
-from services.env.spec import EpisodeSpec, SpecLike, check_options_and_seed
 
 OPTIONS = ("pulls", "size", "unit_px")
 ACTIONS = ("up", "down", "left", "right")
@@ -52,19 +49,6 @@ class SokobanSettings:
     pulls: int
     unit_px: int
     max_moves: int
-
-
-def _int_option(options: Mapping[str, str], name: str, default: int, low: int, high: int, where: str) -> int:
-    text = options.get(name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise invalid(f"{where}.options.{name}", f"must be an integer, got {shown(text)}") from None
-    if not low <= value <= high:
-        raise invalid(f"{where}.options.{name}", f"must be in [{low}, {high}], got {value}")
-    return value
 
 
 @functools.lru_cache(maxsize=1024)
@@ -88,9 +72,9 @@ class SokobanEnv(BatchedEnv[SokobanSettings, SokobanEpisode]):
         if not 0 <= spec.max_moves <= self.config.max_max_moves:
             raise invalid(f"{where}.max_moves",
                           f"must be in [0, {self.config.max_max_moves}] (0: default), got {spec.max_moves}")
-        size = _int_option(options, "size", DEFAULT_SIZE, MIN_SIZE, MAX_SIZE, where)
-        pulls = _int_option(options, "pulls", DEFAULT_PULLS, 1, MAX_PULLS, where)
-        unit_px = _int_option(options, "unit_px", DEFAULT_UNIT_PX, 1, self.config.max_unit_px, where)
+        size = int_option(options, "size", DEFAULT_SIZE, where, (MIN_SIZE, MAX_SIZE))
+        pulls = int_option(options, "pulls", DEFAULT_PULLS, where, (1, MAX_PULLS))
+        unit_px = int_option(options, "unit_px", DEFAULT_UNIT_PX, where, (1, self.config.max_unit_px))
         side = frame_side(size, unit_px)
         if side > self.config.max_frame_px:
             raise invalid(f"{where}.options.unit_px", f"size {size} at unit_px {unit_px} makes {side}x{side} px "
@@ -104,23 +88,19 @@ class SokobanEnv(BatchedEnv[SokobanSettings, SokobanEpisode]):
         return SokobanEpisode(task, prepared.max_moves)
 
     def training_tasks(self, seed: str, count: int, max_moves: int, options: dict[str, str]) -> list[EpisodeSpec]:
-        """`count` training levels drawn from `seed`: seeds in [0, TRAIN_SEED_LIMIT), distinct levels, none
-        reserved for eval sets; INVALID_ARGUMENT for options or a budget a spec could not have."""
+        """`count` training levels drawn from `seed`: distinct levels, none reserved for eval sets;
+        INVALID_ARGUMENT for options or a budget a spec could not have."""
         self.check_count(count)
         settings = self._prepare(EpisodeSpec(seed=0, max_moves=max_moves, options=dict(options)), "request")
-        rng = random.Random(seed)
-        seeds: list[int] = []
-        keys: set[bytes] = set()
-        for _ in range(1000 * count):
-            if len(seeds) == count:
-                break
-            candidate = rng.randrange(TRAIN_SEED_LIMIT)
-            key = level_key(generate_level(candidate, settings.size, settings.pulls))
-            if not is_eval_level(key) and key not in keys:
-                keys.add(key)
-                seeds.append(candidate)
-        if len(seeds) < count:
-            raise invalid("count", f"found {len(seeds)} of {count} distinct training levels at size {settings.size}")
+
+        @functools.cache  # each candidate's level is generated once
+        def key(candidate: int) -> bytes:
+            return level_key(generate_level(candidate, settings.size, settings.pulls))
+
+        try:
+            seeds = draw_training_seeds(seed, count, reserved=lambda s: is_eval_level(key(s)), identity=key)
+        except ValueError as error:
+            raise invalid("count", f"{error} at size {settings.size}") from None
         return [EpisodeSpec(seed=s, max_moves=max_moves, options=dict(options)) for s in seeds]
 
     def eval_set(self, name: str = "") -> EvalSet:

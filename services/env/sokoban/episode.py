@@ -1,7 +1,7 @@
 """One Sokoban episode as a state machine: text action in, frame + text + reward + done + info out.
 
 Rules:
-- Actions are up, down, left, right, read by the maze's tolerant parser (services/env/actions.py);
+- Actions are up, down, left, right, read by the maze's tolerant parser (services/env/kit/actions.py);
   "stop" and text without a direction are invalid actions. Every step costs one move.
 - A move into a wall or the room's edge, or a push of the box into one, is a bump ("You hit a
   wall."): nothing moves. An invalid action changes nothing either ("Invalid action.").
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from services.env.actions import parse_action
+from services.env.kit.actions import parse_action
 from services.env.sokoban.level import Level
 from services.env.sokoban.render import SokobanRenderer
 from services.env.sokoban.solver import Solution, State, move

@@ -19,11 +19,10 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.common.maze import EVAL_SEED_MAX, EVAL_SEED_MIN, is_eval_seed
-from services.common.messages import shown
-from services.env.evalset import EvalSet, hash_tasks
+from services.env.kit.evalset import EvalSet, hash_tasks, recipe_named
+from services.env.kit.seeds import EVAL_SEED_MAX, EVAL_SEED_MIN, is_eval_seed
+from services.env.kit.spec import EpisodeSpec
 from services.env.sokoban.level import distinct_levels, generate_level, level_key
-from services.env.spec import EpisodeSpec
 
 DEFAULT_EVAL_SET = "sokoban-64"
 
@@ -66,9 +65,7 @@ def content_hash(specs: Sequence[EpisodeSpec]) -> str:
 @functools.cache
 def get_eval_set(name: str = "") -> EvalSet:
     """The eval set called `name` ("" = the default set); KeyError for an unknown name."""
-    name = name or DEFAULT_EVAL_SET
-    if name not in RECIPES:
-        raise KeyError(f"unknown eval set {shown(name)} (known: {', '.join(sorted(RECIPES))})")
+    name = recipe_named(RECIPES, DEFAULT_EVAL_SET, name)
     recipe = RECIPES[name]
     exclude: frozenset[bytes] = frozenset()
     if recipe.apart_from:

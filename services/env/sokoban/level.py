@@ -16,10 +16,10 @@ give the same level on every machine and Python version since 3.2):
 4. The agent then walks to a random cell it can reach: its start.
 The oracle (`services/env/sokoban/solver.py`) then finds the optimal solution by BFS.
 
-Seeds and layouts (as the maze does, `services/common/maze.py`): training seeds lie in
-[0, TRAIN_SEED_LIMIT) = [0, 1e6), eval sets take seeds in [1e6, 2e6); and a level (walls, target,
-box and agent start: `level_key`) is reserved for evaluation when its hash falls in one bucket of
-EVAL_LAYOUT_SHARE (`is_eval_level`). Eval sets hold reserved levels only; training never plays one.
+Seeds and levels (services/env/kit/seeds.py): training seeds lie in [0, 1e6), eval sets take seeds in
+[1e6, 2e6); and a level (walls, target, box and agent start: `level_key`) is reserved for evaluation
+when its hash falls in the reserved share (`is_eval_level`). Eval sets hold reserved levels only;
+training never plays one.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from services.common.maze import DIRECTIONS, EVAL_LAYOUT_SHARE, Cell
+from services.env.kit.grid import DIRECTIONS, Cell, step_cell
+from services.env.kit.seeds import distinct_seeds, is_reserved
 
 MIN_SIZE = 3
 MAX_SIZE = 12
@@ -74,12 +75,7 @@ def level_key(level: Level) -> bytes:
 
 def is_eval_level(key: bytes) -> bool:
     """Whether the level with this `level_key` is reserved for eval sets (training never plays it)."""
-    return int.from_bytes(key[:8], "big") % EVAL_LAYOUT_SHARE == 0
-
-
-def step_cell(cell: Cell, direction: str) -> Cell:
-    d_row, d_col = DIRECTIONS[direction]  # type: ignore[index]
-    return (cell[0] + d_row, cell[1] + d_col)
+    return is_reserved(key)
 
 
 def reachable(level_floor: frozenset[Cell], start: Cell, blocked: Cell) -> set[Cell]:
@@ -156,15 +152,5 @@ def distinct_levels(seeds: Iterable[int], count: int, size: int, pulls: int, *, 
                     exclude: frozenset[bytes] = frozenset()) -> list[int]:
     """The first `count` of `seeds` whose levels are (reserved=True) or are not reserved for eval,
     distinct, and not among the `exclude` level keys; ValueError when `seeds` run out first."""
-    found: list[int] = []
-    seen = set(exclude)
-    for seed in seeds:
-        if len(found) == count:
-            break
-        key = level_key(generate_level(seed, size, pulls))
-        if is_eval_level(key) == reserved and key not in seen:
-            seen.add(key)
-            found.append(seed)
-    if len(found) < count:
-        raise ValueError(f"found {len(found)} of {count} levels")
-    return found
+    return distinct_seeds(seeds, count, lambda seed: level_key(generate_level(seed, size, pulls)),
+                          reserved=reserved, exclude=exclude)

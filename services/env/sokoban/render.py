@@ -9,7 +9,7 @@ tokens, as many as the maze's 4x4-cell frames.
 Colours: wall, floor, target (the whole cell), box and box on target (its own colour: the level is
 solved), agent. Box and agent are squares inset by max(1, u // 8) px, so the cell colour under them
 stays visible as a rim (the agent standing on the target shows a green rim).
-Encoding is the maze's (services/env/render.py `encode_png`, its own palette): the same state gives
+Encoding is the maze's (services/env/maze/render.py `encode_png`, its own palette): the same state gives
 byte-identical PNG bytes for a given zlib build, and identical pixels everywhere.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.env.render import agent_inset, encode_png, palette_bytes
+from services.env.maze.render import agent_inset, encode_png, palette_bytes
 from services.env.sokoban.level import Level
 from services.env.sokoban.solver import State
 

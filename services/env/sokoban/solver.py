@@ -14,8 +14,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from services.common.maze import DIRECTIONS, Cell
-from services.env.sokoban.level import Level, step_cell
+from services.env.kit.grid import DIRECTIONS, Cell, step_cell
+from services.env.sokoban.level import Level
 
 State = tuple[Cell, Cell]  # (agent, box)
 Outcome = Literal["walk", "push", "bump"]

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 import pytest
 
 from services.env.errors import EnvError
+from services.env.kit.spec import EpisodeSpec
 from services.env.sokoban.env import SokobanEnv
 from services.env.sokoban.episode import INVALID, SOLVED, STUCK, TASK, WALL_BUMP, SokobanEpisode, Task
 from services.env.sokoban.level import Level
 from services.env.sokoban.render import SokobanRenderer
 from services.env.sokoban.solver import Solution
-from services.env.spec import EpisodeSpec
 
 # 3x3 room, no inner walls: box in the middle, target top-left, agent left of the box.
 LEVEL = Level(seed=0, size=3, pulls=1, walls=frozenset(), target=(0, 0), box=(1, 1), agent=(1, 0))

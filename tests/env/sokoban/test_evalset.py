@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from services.common.maze import is_eval_seed
+from services.env.kit.seeds import is_eval_seed
+from services.env.kit.spec import EpisodeSpec
 from services.env.sokoban.env import SokobanEnv
 from services.env.sokoban.evalset import RECIPES, get_eval_set
 from services.env.sokoban.level import generate_level, is_eval_level, level_key
-from services.env.spec import EpisodeSpec
 
 
 def _keys(specs: Iterable[EpisodeSpec]) -> set[bytes]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import grpc
 
+from mmrl.bench.env import wait_for_port
 from mmrl_proto.v1 import env_pb2, env_pb2_grpc
 from services.common.grpc_server import channel, start_server
-from services.env.bench import wait_for_port
 from services.env.servicer import SERVICE_NAME, EnvServicer
 from services.env.sokoban.env import SokobanEnv
 

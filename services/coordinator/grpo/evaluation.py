@@ -1,0 +1,94 @@
+"""Evaluation on a fixed set of tasks: greedy solve rate (one episode per task), sampled solve rate
+(k episodes per task at a temperature), sampled pass rate (the share of tasks that at least one of
+the k episodes solves: what sampling reaches, where a group of k has a success to reinforce) and
+mean moves over optimal for solved episodes."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from services.common.conversation import ChatTokens, Tokenizer
+from services.coordinator.grpo.episodes import (
+    EpisodeResult,
+    PlayPlan,
+    Policy,
+    Prompting,
+    Sampling,
+    Timers,
+    invalid_fraction,
+    play_episodes,
+)
+from services.coordinator.ops.replicas import Services
+from services.coordinator.ops.wire import TaskSpec
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    specs: list[TaskSpec]
+    max_tokens: int
+    sampled_samples: int
+    sampled_temperature: float
+    max_turns: int
+    system_prompt: str
+
+
+def eval_turn_limit(specs: list[TaskSpec], default: int) -> int:
+    """Turns an eval plays: the longest move budget of its mazes (a spec of 0 has `default`). An eval
+    set's own budgets decide, not a run's training settings, so a run and `mmrl eval` agree."""
+    return max((int(spec.max_moves) or default for spec in specs), default=default)
+
+
+def solve_rate(episodes: list[EpisodeResult]) -> float:
+    return sum(e.solved for e in episodes) / len(episodes) if episodes else 0.0
+
+
+def pass_rate(episodes: list[EpisodeResult]) -> float:
+    """The share of tasks (episode groups) that at least one of their episodes solves."""
+    solved: dict[int, bool] = {}
+    for episode in episodes:
+        solved[episode.group_index] = solved.get(episode.group_index, False) or episode.solved
+    return sum(solved.values()) / len(solved) if solved else 0.0
+
+
+def mean_moves_over_optimal(episodes: list[EpisodeResult]) -> float | None:
+    ratios = [
+        float(e.info["moves"]) / float(e.info["optimal_moves"])
+        for e in episodes
+        if e.solved and float(e.info.get("optimal_moves", 0)) > 0
+    ]
+    return sum(ratios) / len(ratios) if ratios else None
+
+
+async def run_eval(
+    services: Services, tokenizer: Tokenizer, chat: ChatTokens, plan: EvalPlan, *, run_id: str,
+    adapter_version: int, seed: int, timers: Timers, keep_frames: bool = False,
+) -> tuple[dict[str, Any], list[EpisodeResult]]:
+    """Plays the greedy and sampled evaluations concurrently; returns (summary, greedy episodes)."""
+    prompting = Prompting(tokenizer, chat, plan.system_prompt)
+    policy = Policy(run_id, adapter_version)
+    calls = [play_episodes(services, prompting, policy, PlayPlan(
+        plan.specs, samples_per_spec=1, sampling=Sampling.greedy(plan.max_tokens), max_turns=plan.max_turns,
+        seed=seed, keep_frames=keep_frames), timers)]
+    if plan.sampled_samples > 0:
+        calls.append(play_episodes(services, prompting, policy, PlayPlan(
+            plan.specs, samples_per_spec=plan.sampled_samples,
+            sampling=Sampling(plan.sampled_temperature, 1.0, plan.max_tokens), max_turns=plan.max_turns,
+            seed=seed + 1), timers))
+    outcomes = await asyncio.gather(*calls)
+    greedy = outcomes[0]
+    sampled = outcomes[1] if len(outcomes) > 1 else []
+    summary: dict[str, Any] = {
+        "adapter_version": adapter_version,
+        "episodes": len(greedy),
+        "greedy_solve_rate": solve_rate(greedy),
+        "sampled_solve_rate": solve_rate(sampled) if sampled else None,
+        "sampled_pass_rate": pass_rate(sampled) if sampled else None,
+        "sampled_episodes": len(sampled),
+        "mean_moves_over_optimal": mean_moves_over_optimal(greedy),
+        "greedy_invalid_fraction": invalid_fraction(greedy),
+        "mean_reward": sum(e.reward for e in greedy) / len(greedy) if greedy else 0.0,
+    }
+    return summary, greedy
+

@@ -1,0 +1,91 @@
+"""Fixed, versioned evaluation sets, kept apart from training by seed and by layout.
+
+Every set's seeds lie in the range reserved for eval sets (services/env/kit/seeds.py:
+[EVAL_SEED_MIN, EVAL_SEED_MAX) = [1e6, 2e6), `is_eval_seed`), and every maze's layout is one of the
+layouts reserved for eval (`is_eval_layout`), which training never plays; a set holds no layout twice
+(`eval_seeds`). Eval set "maze-easy-64" v2 (the default): the first 64 such seeds from 1_000_000,
+size 9 (4x4 cells), max_moves 20, default start/goal. "maze-hard-64" v2: the first 64 from 1_100_000,
+size 11 (5x5 cells), max_moves 32. "maze-held-out-256" v2: the first 256 such seeds from 1_900_000
+whose layouts "maze-easy-64" does not hold, size 9, max_moves 20: mazes no training plays, outside the
+fixed set, for checks that must not look at it. The seeds are listed in docs/env.md.
+
+v1 took seeds 1_000_000 + i and 1_100_000 + i for i in 0..63 without looking at their layouts: every
+v1 easy maze was also the layout of some training seed (40 of the 64 among the SFT's 2,000), and two
+of them were the same maze.
+
+Each set's content hash is the sha256 over, per spec in order, the spec as canonical JSON and the
+generated layout (`Maze.layout_text`, start and goal included). The hashes are recorded below;
+`tests/env/test_evalset.py` fails when generation, seeds or specs change. Changing a set on purpose
+means a new version (and a new recorded hash), never a silent edit.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.env.config import EnvConfig
+from services.env.kit.evalset import EvalSet, hash_tasks, recipe_named
+from services.env.kit.seeds import is_eval_seed
+from services.env.kit.spec import EpisodeSpec
+from services.env.maze.maze import eval_seeds, generate_maze, layout_key
+from services.env.maze.spec import parse_spec
+
+DEFAULT_EVAL_SET = "maze-easy-64"
+
+
+@dataclass(frozen=True)
+class EvalSetRecipe:
+    version: str
+    first_seed: int
+    num_tasks: int
+    size: int
+    max_moves: int
+    recorded_hash: str
+    apart_from: str = ""
+    """Another set whose layouts this one leaves out."""
+
+
+RECIPES: dict[str, EvalSetRecipe] = {
+    "maze-easy-64": EvalSetRecipe(
+        version="v2", first_seed=1_000_000, num_tasks=64, size=9, max_moves=20,
+        recorded_hash="a74d58370bbd59e0df53cda0b0b6db36b1d0fcdcf1e46333006b237458703072",
+    ),
+    "maze-hard-64": EvalSetRecipe(
+        version="v2", first_seed=1_100_000, num_tasks=64, size=11, max_moves=32,
+        recorded_hash="6675f417c666bb6650d19349b8da6e8a342d85a597c226734aa3ffb21812909c",
+    ),
+    "maze-held-out-256": EvalSetRecipe(
+        version="v2", first_seed=1_900_000, num_tasks=256, size=9, max_moves=20, apart_from="maze-easy-64",
+        recorded_hash="103ca109588fcbd5f29b3c13e4501b375dff4d8573b05ecbcbf7340c15cfa63c",
+    ),
+}
+
+
+def content_hash(specs: Sequence[EpisodeSpec]) -> str:
+    """sha256 over every spec (canonical JSON) and its generated layout."""
+    config = EnvConfig()
+
+    def layout_text(spec: EpisodeSpec) -> str:
+        settings = parse_spec(spec, config)
+        return generate_maze(settings.seed, settings.size, settings.start, settings.goal).layout_text()
+
+    return hash_tasks(specs, layout_text)
+
+
+@functools.cache
+def get_eval_set(name: str = "") -> EvalSet:
+    """The eval set called `name` ("" = the default set); KeyError for an unknown name."""
+    name = recipe_named(RECIPES, DEFAULT_EVAL_SET, name)
+    recipe = RECIPES[name]
+    exclude: frozenset[bytes] = frozenset()
+    if recipe.apart_from:
+        other = RECIPES[recipe.apart_from]
+        exclude = frozenset(layout_key(spec.seed, other.size) for spec in get_eval_set(recipe.apart_from).specs)
+    specs = tuple(
+        EpisodeSpec(seed=seed, max_moves=recipe.max_moves, options={"size": str(recipe.size)})
+        for seed in eval_seeds(recipe.first_seed, recipe.num_tasks, recipe.size, exclude=exclude)
+    )
+    assert all(is_eval_seed(spec.seed) for spec in specs)
+    return EvalSet(name=name, version=recipe.version, content_hash=content_hash(specs), specs=specs)
