@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from mmrl.cli import demo
+from mmrl.demo import grpo
 from services.common.user_errors import UsageError
 
 
@@ -37,7 +38,7 @@ def _quiet(monkeypatch) -> None:
 def test_ctrl_c_stops_the_run_and_waits_for_the_stop(monkeypatch) -> None:
     _quiet(monkeypatch)
     api = ScriptedApi([("running", 3), KeyboardInterrupt(), ("running", 3), ("running", 4), ("stopped", 4)])
-    final = demo.watch_or_stop(api, "r1")  # type: ignore[arg-type]
+    final = grpo.watch_or_stop(api, "r1")  # type: ignore[arg-type]
     assert api.posted == ["POST /v1/runs/r1/stop"]
     assert (final["state"], final["step"], final["interrupted"]) == ("stopped", 4, True)
 
@@ -45,7 +46,7 @@ def test_ctrl_c_stops_the_run_and_waits_for_the_stop(monkeypatch) -> None:
 def test_second_ctrl_c_leaves_without_waiting(monkeypatch) -> None:
     _quiet(monkeypatch)
     api = ScriptedApi([KeyboardInterrupt(), ("running", 2), KeyboardInterrupt(), ("running", 2)])
-    final = demo.watch_or_stop(api, "r1")  # type: ignore[arg-type]
+    final = grpo.watch_or_stop(api, "r1")  # type: ignore[arg-type]
     assert api.posted == ["POST /v1/runs/r1/stop"]
     assert (final["state"], final["interrupted"]) == ("running", True)
 
@@ -53,7 +54,7 @@ def test_second_ctrl_c_leaves_without_waiting(monkeypatch) -> None:
 def test_a_run_that_already_ended_is_not_stopped_again(monkeypatch) -> None:
     _quiet(monkeypatch)
     api = ScriptedApi([KeyboardInterrupt(), ("succeeded", 10)])
-    final = demo.watch_or_stop(api, "r1")  # type: ignore[arg-type]
+    final = grpo.watch_or_stop(api, "r1")  # type: ignore[arg-type]
     assert api.posted == []
     assert final["state"] == "succeeded" and final["interrupted"]
 
@@ -61,7 +62,7 @@ def test_a_run_that_already_ended_is_not_stopped_again(monkeypatch) -> None:
 def test_without_interruption_the_final_record_is_returned_unmarked(monkeypatch) -> None:
     _quiet(monkeypatch)
     api = ScriptedApi([("running", 9), ("succeeded", 10)])
-    final = demo.watch_or_stop(api, "r1")  # type: ignore[arg-type]
+    final = grpo.watch_or_stop(api, "r1")  # type: ignore[arg-type]
     assert final["state"] == "succeeded" and "interrupted" not in final
 
 

@@ -47,7 +47,7 @@ class StackConfig:
     rollout_args: list[str] = field(default_factory=list)
     learner_model: Path | None = None  # defaults to `model`
     lora_rank: int = 0  # the largest LoRA rank the rollout must serve (vLLM sizes its slots at start); 0: default
-    env_name: str = "maze"  # the environment `mmrl serve env --env` serves
+    env_name: str = ""  # the environment `mmrl serve env --env` serves ("" = its default)
 
     @property
     def shared_root(self) -> Path:
@@ -107,7 +107,7 @@ class Stack:
         if service == "learner":
             model = self.config.learner_model or self.config.model
             return cli + ["--model", str(model), "--nproc", str(self.config.learner_nproc)] + shared
-        if service == "env" and self.config.env_name != "maze":
+        if service == "env" and self.config.env_name:
             return cli + ["--env", self.config.env_name]
         return cli
 

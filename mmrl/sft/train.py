@@ -103,7 +103,8 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
     kept = int(broadcast_object(kept_update(config.band, checks, ran=len(history)) if ctx.is_main else None, ctx))
     report = {
         "config": config.model_dump(), "fingerprint": config.fingerprint(), "num_conversations": len(data),
-        "num_action_tokens": num_actions, "updates": kept, "updates_run": len(history),
+        "num_action_tokens": num_actions, "updates": kept,
+        "task_seeds": {"training": [t.seed for t in tasks.training], "validation": [t.seed for t in tasks.validation]}, "updates_run": len(history),
         "final_loss": history[kept - 1]["loss"] if kept else None, "loss_history": history[:kept],
         "sft_wall_s": time.perf_counter() - started,
         "kind": "full-fine-tune" if config.finetune == "full" else "lora-merged", "ranks": ctx.world_size,

@@ -142,6 +142,10 @@ class EvalSettings(_Strict):
     sampled_samples: int = Field(4, ge=0, le=64, description="Sampled episodes per task (0 = skip).")
     sampled_temperature: float = Field(1.0, gt=0.0, le=2.0, description="Temperature of sampled eval.")
     save_frames: bool = Field(True, description="Write greedy eval episodes' frames to shared storage.")
+    held_out_set: str = Field(
+        "", description="An eval set of the environment played greedily once more after the last step, e.g. "
+                        "tasks no training plays outside the fixed set (maze-held-out-256); its rate is the last "
+                        "eval's held_out_solve_rate ('' = none).")
 
 
 class FrameSettings(_Strict):

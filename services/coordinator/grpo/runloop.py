@@ -20,7 +20,7 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -158,6 +158,8 @@ async def start_or_resume(ctx: RunContext) -> Start:
         raise ConfigRefused("colocated mode needs vLLM sleep mode, which needs a GPU; "
                             "this rollout backend does not support it (set colocated: false)")
     eval_set = await svc.env.eval_set(cfg.eval.eval_set)
+    if cfg.eval.held_out_set:  # refused now (NOT_FOUND from the env), not after the last step
+        await svc.env.eval_set(cfg.eval.held_out_set)
     await svc.learner.configure_run(run_id, cfg.train_settings())
     if (await store.get_run(run_id))["checkpoint_step"] < 0:
         await save_checkpoint(ctx, 0)
@@ -323,6 +325,16 @@ async def evaluate(ctx: RunContext, plan: EvalPlan, *, step: int, adapter_versio
     summary, greedy = await run_eval(ctx.services, ctx.tokenizer, ctx.chat, plan, run_id=ctx.run_id,
                                      adapter_version=adapter_version, seed=ctx.config.seed + 7 * step,
                                      timers=timers, keep_frames=keep)
+    held_out = ctx.config.eval.held_out_set
+    if held_out and step == ctx.config.steps:  # tasks outside the fixed set, once, with the final policy
+        specs = list((await ctx.services.env.eval_set(held_out)).specs)
+        held_out_plan = replace(plan, specs=specs, sampled_samples=0,
+                                max_turns=eval_turn_limit(specs, ctx.config.env.max_moves))
+        held_out_summary, _ = await run_eval(ctx.services, ctx.tokenizer, ctx.chat, held_out_plan, run_id=ctx.run_id,
+                                             adapter_version=adapter_version, seed=ctx.config.seed + 7 * step,
+                                             timers=timers)
+        summary.update({"held_out_set": held_out, "held_out_episodes": held_out_summary["episodes"],
+                        "held_out_solve_rate": held_out_summary["greedy_solve_rate"]})
     summary.update({"step": step, "eval_s": time.perf_counter() - started})
     records, summary["frames_bytes"] = eval_records(greedy, step=step, run_dir=ctx.shared_root / "runs" / ctx.run_id,
                                                     keep_frames=keep)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mmrl.sft.config import SftConfig
 from mmrl.sft.jsonl import write_jsonl
-from mmrl.sft.train import SftConfig, expert_conversations
-from services.env.maze.maze import ACTIONS
-from tests.learner.test_sft import _with_env_service
+from tests.sft.test_data import play_expert
 
 
 def _collapse_images(ids: tuple[int, ...], image_pad: int) -> list[int]:
@@ -26,9 +25,9 @@ def test_expert_conversations_export_as_chat_jsonl_that_the_chat_template_turns_
 
     processor = AutoProcessor.from_pretrained(tiny_model_dir)
     tokenizer = processor.tokenizer
-    config = SftConfig(base_model=str(tiny_model_dir), out=str(tmp_path / "unused"), num_mazes=4,
+    config = SftConfig(base_model=str(tiny_model_dir), out=str(tmp_path / "unused"), num_tasks=4,
                        perturb_prob=0.3, seed=1)
-    played = _with_env_service(lambda address: expert_conversations(address, config, tokenizer, lambda _f: 25))
+    played = play_expert(config, tokenizer)
     counts = write_jsonl(played, tokenizer, tmp_path / "data" / "sft.jsonl")
     rows = [json.loads(line) for line in (tmp_path / "data" / "sft.jsonl").read_text().splitlines()]
     assert counts["conversations"] == len(rows) == len(played) == 4
@@ -39,7 +38,7 @@ def test_expert_conversations_export_as_chat_jsonl_that_the_chat_template_turns_
         roles = [m["role"] for m in row["messages"]]
         assert roles[:2] == ["system", "user"] and set(roles) == {"system", "user", "assistant"}
         actions = [m["content"][0]["text"] for m in row["messages"] if m["role"] == "assistant"]
-        assert set(actions) <= set(ACTIONS) and len(actions) == len(row["trained_turns"])
+        assert set(actions) <= {"up", "down", "left", "right", "stop"} and len(actions) == len(row["trained_turns"])
         detours += row["trained_turns"].count(False)
         assert [(tmp_path / "data" / name).read_bytes() for name in row["images"]] == list(trajectory.images)
         text = tokenizer.apply_chat_template(row["messages"], tokenize=False)
@@ -55,8 +54,8 @@ def test_every_row_has_one_schema_as_an_arrow_table_needs(tiny_model_dir: Path, 
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    config = SftConfig(base_model=str(tiny_model_dir), out=str(tmp_path / "unused"), num_mazes=2)
-    played = _with_env_service(lambda address: expert_conversations(address, config, tokenizer, lambda _f: 25))
+    config = SftConfig(base_model=str(tiny_model_dir), out=str(tmp_path / "unused"), num_tasks=2)
+    played = play_expert(config, tokenizer)
     write_jsonl(played, tokenizer, tmp_path / "sft.jsonl")
     rows = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
     for row in rows:

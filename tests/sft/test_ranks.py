@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mmrl.cli.sft import run_sft
-from mmrl.sft.train import SftConfig
+from mmrl.sft.config import SftConfig
 
 pytestmark = pytest.mark.slow
 
@@ -21,8 +21,9 @@ def _weights(model_dir: Path) -> dict[str, object]:
 
 
 def _config(tiny_model_dir: Path, out: Path, **settings: object) -> SftConfig:
-    given: dict[str, object] = {"num_mazes": 8, "updates": 3, "batch_size": 4, "micro_batch_size": 2,
-                                "warmup_steps": 0, "learning_rate": 3e-3, "device": "cpu", **settings}
+    optim = {"micro_batch_size": 2, "warmup_steps": 0, "learning_rate": settings.pop("learning_rate", 3e-3)}
+    given: dict[str, object] = {"num_tasks": 8, "updates": 3, "batch_size": 4, "optim": optim, "device": "cpu",
+                                **settings}
     return SftConfig(base_model=str(tiny_model_dir), out=str(out), **given)  # type: ignore[arg-type]
 
 

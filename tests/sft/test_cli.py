@@ -1,5 +1,5 @@
-"""`mmrl sft` with `stop_above`: each check plays the validation mazes through real env and rollout
-services (vLLM on the CPU) on the checkpoint just saved."""
+"""`mmrl sft` with `band`: each check plays the validation tasks through real env and rollout services
+(vLLM on the CPU) on the checkpoint just saved."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ from pathlib import Path
 import pytest
 
 from mmrl.cli.sft import run_sft
-from mmrl.sft.train import SftConfig
+from mmrl.sft.config import SftConfig
 
 pytestmark = pytest.mark.slow
 
 
-def test_a_check_evaluates_the_saved_checkpoint_on_the_validation_mazes(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_check_evaluates_the_saved_checkpoint_on_the_validation_tasks(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "sft"
-    config = SftConfig(base_model=str(tiny_model_dir), out=str(out), num_mazes=4, updates=2, batch_size=4,
-                       micro_batch_size=4, warmup_steps=0, stop_above=0.9, check_from=2, check_mazes=4)
+    config = SftConfig(base_model=str(tiny_model_dir), out=str(out), num_tasks=4, updates=2, batch_size=4,
+                       optim={"micro_batch_size": 4, "warmup_steps": 0}, band=[0.0, 0.9], check_from=2,
+                       check_tasks=4)
     report = run_sft(config, tmp_path / "state", evaluate_after=False, quiet=True)
     [entry] = report["checks"]
     assert entry["updates"] == 2 and entry["episodes"] == 4

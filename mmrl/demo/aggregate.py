@@ -1,0 +1,75 @@
+"""A sweep's runs as one distribution: per eval step the worst, mean and best greedy solve rate, and per
+figure of a run (the end as the mean of its last evals, the last eval within the time budget, held
+out) the worst, mean and best over the runs. Pure functions over the runs' summaries and curves."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+FIGURES = ("start_solve_rate", "end_solve_rate", "end_solve_rate_last3", "within_budget_solve_rate",
+           "held_out_solve_rate")
+
+
+def spread(values: list[float]) -> dict[str, float] | None:
+    """worst, mean and best of `values` (None when there are none)."""
+    if not values:
+        return None
+    return {"worst": min(values), "mean": sum(values) / len(values), "best": max(values), "num": len(values)}
+
+
+def band(curves: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per eval step that every run reached: the worst, mean and best greedy solve rate over the runs."""
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for curve in curves:
+        for point in curve["eval"]:
+            by_step[int(point["step"])].append(float(point["greedy_solve_rate"]))
+    return [{"step": step, **(spread(rates) or {})} for step, rates in sorted(by_step.items())
+            if len(rates) == len(curves)]
+
+
+def aggregate(runs: list[dict[str, Any]], curves: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sweep's aggregate: `band` over the curves, `figures` (each figure's spread over the runs that
+    succeeded), `by_start` (the same per SFT start), and the runs in one line each."""
+    succeeded = [r for r in runs if r.get("state") == "succeeded"]
+    figures = {name: spread([float(r[name]) for r in succeeded if r.get(name) is not None]) for name in FIGURES}
+    starts: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for run in succeeded:
+        starts[str(run.get("start", ""))].append(run)
+    by_start = {start: {name: spread([float(r[name]) for r in group if r.get(name) is not None])
+                        for name in FIGURES} for start, group in starts.items()}
+    steps = [float(r["mean_step_s"]) for r in succeeded if r.get("mean_step_s") is not None]
+    return {
+        "num_runs": len(runs), "num_succeeded": len(succeeded), "band": band(curves), "figures": figures,
+        "by_start": by_start, "mean_step_s": sum(steps) / len(steps) if steps else None,
+        "runs": [{k: r.get(k) for k in ("start", "seed", "run_id", "state", "steps", "mean_step_s", *FIGURES)}
+                 for r in runs],
+    }
+
+
+def plot_band(result: dict[str, Any], curves: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Every run's greedy curve, thin, and the band (worst to best) with its mean."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for curve in curves:
+        ax.plot([p["step"] for p in curve["eval"]], [p["greedy_solve_rate"] for p in curve["eval"]],
+                color="tab:blue", alpha=0.25, linewidth=1)
+    points = result["band"]
+    steps = [p["step"] for p in points]
+    ax.fill_between(steps, [p["worst"] for p in points], [p["best"] for p in points], color="tab:blue", alpha=0.2,
+                    label=f"worst to best of {len(curves)} runs")
+    ax.plot(steps, [p["mean"] for p in points], "o-", color="tab:blue", label="mean (greedy)")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("solve rate")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
