@@ -37,8 +37,8 @@ from typing import Any
 from mmrl_proto.v1 import env_pb2, env_pb2_grpc
 from services.common.grpc_server import channel
 from services.common.messages import summary
+from services.common.task import TaskSpec
 from services.env.config import EnvConfig
-from services.env.kit.spec import EpisodeSpec
 from services.env.maze.env import MazeEnv
 from services.env.maze.maze import generate_maze
 from services.env.maze.render import MazeRenderer, encode_png
@@ -52,11 +52,11 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
-def _specs(args: argparse.Namespace, round_index: int) -> list[EpisodeSpec]:
+def _specs(args: argparse.Namespace, round_index: int) -> list[TaskSpec]:
     options = {"size": str(args.size), "unit_px": str(args.unit_px), "require_stop": "true"}
     num_seeds = max(1, args.batch_size // args.group_size)
     return [
-        EpisodeSpec(seed=(round_index * num_seeds + i % num_seeds) % 1_000_000, max_moves=args.moves, options=options)
+        TaskSpec(seed=(round_index * num_seeds + i % num_seeds) % 1_000_000, max_moves=args.moves, options=options)
         for i in range(args.batch_size)
     ]
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from mmrl.report.machine import machine_info
 from mmrl.sft import ranks
 from mmrl.sft.config import SftConfig, kept_update
 from mmrl.sft.data import draw_tasks, expert_conversations, image_token_counter
@@ -108,7 +109,7 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
         "final_loss": history[kept - 1]["loss"] if kept else None, "loss_history": history[:kept],
         "sft_wall_s": time.perf_counter() - started,
         "kind": "full-fine-tune" if config.finetune == "full" else "lora-merged", "ranks": ctx.world_size,
-        "dtype": str(ranks.compute_dtype(config, ctx)).removeprefix("torch."),
+        "dtype": str(ranks.compute_dtype(config, ctx)).removeprefix("torch."), "machine": machine_info(),
     }
     if checks:
         report["checks"] = checks

@@ -43,6 +43,11 @@ def validate_run_id(run_id: str) -> str:
     return run_id
 
 
+# The one default of every service's shared root (MMRL_SHARED_ROOT): where `mmrl up` keeps it; containers
+# and pods set /shared.
+DEFAULT_SHARED_ROOT = Path(".mmrl/shared")
+
+
 def run_dir(shared_root: Path, run_id: str) -> Path:
     return Path(shared_root) / "runs" / validate_run_id(run_id)
 

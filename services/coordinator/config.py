@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.config_files import apply_overrides, read_config_file
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT
+from services.common.storage import DEFAULT_SHARED_ROOT
 from services.common.tracing import TracingMode
 from services.common.training import LoraSettings, LossSettings, OptimSettings, TrainSettings
 from services.coordinator.grpo.advantages import Normalize
@@ -231,7 +232,7 @@ class CoordinatorSettings(BaseSettings):
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding runs, metrics, events.")
     api_token: str = Field("", description="Bearer token for /v1 routes ('' = no auth).")
     shared_root: Path = Field(
-        Path("./.mmrl/shared"), description="Shared storage root, the same directory every service uses (/shared in containers)."
+        DEFAULT_SHARED_ROOT, description="Shared storage root, the same directory every service uses (/shared in containers)."
     )
     env_addr: str = Field("127.0.0.1:50051", description="Comma-separated env replicas (host:port).")
     rollout_addrs: str = Field("127.0.0.1:50052", description="Comma-separated rollout replicas.")

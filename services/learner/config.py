@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.common.storage import DEFAULT_SHARED_ROOT
 from services.common.tracing import TracingMode
 
 
@@ -28,7 +29,7 @@ class LearnerSettings(BaseSettings):
     model: Path = Path("models/tiny")
     """Hugging Face model directory (MMRL_LEARNER_MODEL), e.g. from `mmrl init-model tiny`."""
     shared_root: Path = Field(
-        default=Path("shared"), validation_alias=AliasChoices("MMRL_SHARED_ROOT", "shared_root")
+        default=DEFAULT_SHARED_ROOT, validation_alias=AliasChoices("MMRL_SHARED_ROOT", "shared_root")
     )
     """Root of the shared storage holding runs/<run_id>/{adapters,checkpoints} (MMRL_SHARED_ROOT)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -81,8 +81,25 @@ class StepOutcome:
     num_steps: int
 
 
-# Token-level sums accumulated over micro-batches and then over ranks, in this order.
-_SUMS = ("loss", "pg_loss", "kl", "clipped", "entropy", "abs_diff", "checked", "generated", "is_weight")
+class Sums:
+    """Token-level sums by name, accumulated over micro-batches, then over ranks: kept as one float64
+    tensor so that one all_reduce adds them all."""
+
+    NAMES = ("loss", "pg_loss", "kl", "clipped", "entropy", "abs_diff", "checked", "generated", "is_weight")
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.tensor = torch.zeros(len(self.NAMES), dtype=torch.float64, device=device)
+
+    def add(self, **values: torch.Tensor) -> None:
+        """Adds one value to every sum (each name given once)."""
+        assert set(values) == set(self.NAMES), sorted(set(values) ^ set(self.NAMES))
+        self.tensor += torch.stack([values[name].to(self.tensor.device) for name in self.NAMES]).double()
+
+    def add_sums(self, other: Sums) -> None:
+        self.tensor += other.tensor.to(self.tensor.device)
+
+    def __getitem__(self, name: str) -> float:
+        return float(self.tensor[self.NAMES.index(name)])
 
 
 def micro_batches(items: Sequence[PreparedTrajectory], size: int) -> list[list[PreparedTrajectory]]:
@@ -132,11 +149,11 @@ def _accumulate_gradients(
     config: TrainSettings,
     ctx: DistContext,
     check: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[Sums, torch.Tensor]:
     """Forward/backward over one mini-batch's micro-batches; returns this rank's (sums, max |diff|).
     With `check`, the learner's log-probs before any update are compared with the rollout's."""
     device = ctx.device
-    sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=device)
+    sums = Sums(device)
     max_abs_diff = torch.zeros((), dtype=torch.float64, device=device)
     for index, batch in enumerate(batches):
         mask = (batch.loss_mask * batch.weights[:, None]).to(device)
@@ -168,19 +185,17 @@ def _accumulate_gradients(
             before = old_logprobs if config.loss.old_logprobs == "learner" else logprobs.detach()
             checked = mask if check else torch.zeros_like(mask)
             abs_diff = (before - rollout).abs() * checked
-            sums += torch.stack(
-                [
-                    loss.detach(),
-                    (weights * terms.policy_gradient).sum(),
-                    (weights * terms.kl).sum() if terms.kl is not None else loss.new_zeros(()),
-                    (terms.clipped.float() * mask).sum(),
-                    (entropy * mask).sum(),
-                    abs_diff.sum(),
-                    checked.sum(),
-                    mask.sum(),
-                    (terms.is_weight * mask).sum() if terms.is_weight is not None else mask.sum(),
-                ]
-            ).double()
+            sums.add(
+                loss=loss.detach(),
+                pg_loss=(weights * terms.policy_gradient).sum(),
+                kl=(weights * terms.kl).sum() if terms.kl is not None else loss.new_zeros(()),
+                clipped=(terms.clipped.float() * mask).sum(),
+                entropy=(entropy * mask).sum(),
+                abs_diff=abs_diff.sum(),
+                checked=checked.sum(),
+                generated=mask.sum(),
+                is_weight=(terms.is_weight * mask).sum() if terms.is_weight is not None else mask.sum(),
+            )
             max_abs_diff = torch.maximum(max_abs_diff, abs_diff.max().double())
     return sums, max_abs_diff
 
@@ -227,7 +242,7 @@ def train_step(
             "train/image_encode_s": time.perf_counter() - start,
         }
     old = old_policy_logprobs(model, chunked, config, ctx.device)  # before the first update
-    totals = torch.zeros(len(_SUMS), dtype=torch.float64)
+    totals = Sums()
     max_abs_diff = 0.0
     losses, pg_losses, kls, grad_norms, num_skipped = [], [], [], [], 0
     passes = [
@@ -242,21 +257,20 @@ def train_step(
             sums, max_diff = _accumulate_gradients(
                 model, batches, minibatch.totals, old[index], config, ctx, check
             )
-            all_reduce(sums)
+            all_reduce(sums.tensor)
             all_reduce(max_diff, op="max")
-            sums_cpu = sums.cpu()
-            grad_norm, skipped = _optimizer_step(model, optimizer, config, step + offset, float(sums_cpu[0]))
-            totals += sums_cpu
+            grad_norm, skipped = _optimizer_step(model, optimizer, config, step + offset, sums["loss"])
+            totals.add_sums(sums)
             max_abs_diff = max(max_abs_diff, float(max_diff))
-            losses.append(float(sums_cpu[0]))
-            pg_losses.append(float(sums_cpu[1]))
-            kls.append(float(sums_cpu[2]))
+            losses.append(sums["loss"])
+            pg_losses.append(sums["pg_loss"])
+            kls.append(sums["kl"])
             grad_norms.append(grad_norm)
             num_skipped += skipped
     finally:
         set_lora_dropout(model, False)
 
-    total = dict(zip(_SUMS, totals.tolist(), strict=True))
+    total = totals
     generated = max(total["generated"], 1.0)
     metrics = {
         "train/loss": statistics.fmean(losses),

@@ -14,6 +14,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.config_files import read_config_file
+from services.common.storage import DEFAULT_SHARED_ROOT
 from services.common.tracing import TracingMode
 
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -176,7 +177,7 @@ class ServerSettings(BaseSettings):
     """YAML or TOML file with RolloutConfig fields (MMRL_ROLLOUT_CONFIG_FILE)."""
     model: str | None = None
     """Model directory, overriding the config file's (MMRL_ROLLOUT_MODEL)."""
-    shared_root: Path = Field(default=Path("/shared"),
+    shared_root: Path = Field(default=DEFAULT_SHARED_ROOT,
                               validation_alias=AliasChoices("MMRL_SHARED_ROOT", "MMRL_ROLLOUT_SHARED_ROOT"))
     """Shared storage root; LoadAdapter only reads adapters below it (MMRL_SHARED_ROOT)."""
     adapter_cache_dir: Path | None = None

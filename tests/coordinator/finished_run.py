@@ -17,14 +17,14 @@ from typing import Any
 
 from services.common import storage
 from services.common.conversation import expand_image_placeholders
+from services.common.task import TaskSpec
 from services.coordinator.config import FrameSettings, RunConfig
 from services.coordinator.grpo.episodes import PlayPlan, Policy, Prompting, Sampling, Timers, play_episodes
 from services.coordinator.grpo.evaluation import solve_rate
 from services.coordinator.grpo.records import eval_records, train_records
 from services.coordinator.ops.replicas import Envs, Rollouts, Services
 from services.coordinator.ops.store import RunState, RunStore
-from services.coordinator.ops.wire import Generation, Prompt, TaskSpec
-from services.env.kit.spec import EpisodeSpec
+from services.coordinator.ops.wire import Generation, Prompt
 from services.env.maze.env import MazeEnv
 from tests.coordinator.chat import CHAT, CharTokenizer
 
@@ -48,7 +48,7 @@ class ScriptedPolicy:
                     options = {"size": str(SIZE), "start": f"{row},{col}"}
                     if (row, col) == (SIZE // 2 - 1, SIZE // 2 - 1):
                         continue  # the goal
-                    [view] = env.create([EpisodeSpec(seed=seed, max_moves=MAX_MOVES, options=options)])
+                    [view] = env.create([TaskSpec(seed=seed, max_moves=MAX_MOVES, options=options)])
                     self.optimal[view.frame_png] = str(view.info["optimal_action"])
 
     def _answer(self, frame: bytes, turn: int, seed: int) -> str:

@@ -116,13 +116,13 @@ def test_no_path_outside_the_run_directory_can_be_read_whatever_the_record_or_ur
 
 def test_episode_records_hold_each_actions_log_probs_and_how_the_episode_ended(client: TestClient) -> None:
     episodes = _episodes(client)
-    assert {e["end"] for e in episodes} >= {"solved", "move_limit"}
+    assert {e["end"] for e in episodes} >= {"solved", "truncated"}
     for e in episodes:
         assert len(e["logprobs"]) == len(e["actions"]) == len(e["invalid_turns"])
         # One log-prob per generated token: the action's characters and the end-of-turn token.
         assert [len(lp) for lp in e["logprobs"]] == [len(a) + 1 for a in e["actions"]]
         assert all(v < 0 for lp in e["logprobs"] for v in lp)
-        assert e["end"] == "solved" if e["solved"] else e["moves"] == MAX_MOVES and e["end"] == "move_limit"
+        assert e["end"] == "solved" if e["solved"] else e["moves"] == MAX_MOVES and e["end"] == "truncated"
     assert any(any(e["invalid_turns"]) for e in episodes)
     solved = _episodes(client, solved="true")
     assert solved and all(e["solved"] for e in solved) and len(solved) == sum(e["solved"] for e in episodes)

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from services.common.task import TaskSpec
 from services.env.config import EnvConfig
 from services.env.errors import EnvError, ErrorCode
-from services.env.kit.spec import EpisodeSpec
 from services.env.maze.env import MazeEnv
 from services.env.maze.maze import solve
 
@@ -36,7 +36,7 @@ def _refused(code: ErrorCode, call: object, *args: object) -> str:
 
 def test_a_batch_creates_and_steps_many_episodes_with_distinct_uuid_ids() -> None:
     env = MazeEnv()
-    created = env.create([EpisodeSpec(seed=s) for s in range(8)])
+    created = env.create([TaskSpec(seed=s) for s in range(8)])
     ids = [episode.episode_id for episode in created]
     assert len(set(ids)) == 8 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
     assert all(not e.done and e.reward == 0.0 and e.frame_png.startswith(b"\x89PNG") for e in created)
@@ -47,7 +47,7 @@ def test_a_batch_creates_and_steps_many_episodes_with_distinct_uuid_ids() -> Non
 
 def test_episodes_of_the_same_task_share_one_maze() -> None:
     env = MazeEnv()
-    first, second, other = env.create([EpisodeSpec(seed=1), EpisodeSpec(seed=1), EpisodeSpec(seed=2)])
+    first, second, other = env.create([TaskSpec(seed=1), TaskSpec(seed=1), TaskSpec(seed=2)])
     a, b, c = (env.store.get(e.episode_id) for e in (first, second, other))
     assert a is not None and b is not None and c is not None
     assert a.maze is b.maze and a.maze is not c.maze
@@ -56,7 +56,7 @@ def test_episodes_of_the_same_task_share_one_maze() -> None:
 
 def test_a_refused_step_batch_changes_no_episode() -> None:
     env = MazeEnv()
-    good, done = (e.episode_id for e in env.create([EpisodeSpec(seed=0), EpisodeSpec(seed=0)]))
+    good, done = (e.episode_id for e in env.create([TaskSpec(seed=0), TaskSpec(seed=0)]))
     env.step([Action(done, "stop")])
     _refused(ErrorCode.FAILED_PRECONDITION, env.step, [Action(good, "down"), Action(done, "up")])
     _refused(ErrorCode.NOT_FOUND, env.step, [Action(good, "down"), Action("nope", "up")])
@@ -67,7 +67,7 @@ def test_a_refused_step_batch_changes_no_episode() -> None:
 
 def test_step_messages_name_the_action_and_the_reason() -> None:
     env = MazeEnv(EnvConfig(max_action_chars=10))
-    (first,) = (e.episode_id for e in env.create([EpisodeSpec(seed=0)]))
+    (first,) = (e.episode_id for e in env.create([TaskSpec(seed=0)]))
     message = _refused(ErrorCode.INVALID_ARGUMENT, env.step, [Action(first, "x" * 11)])
     assert message == "actions[0].action: 11 characters, more than max_action_chars=10"
     message = _refused(ErrorCode.NOT_FOUND, env.step, [Action(first, "up"), Action("abc", "up")])
@@ -82,7 +82,7 @@ def test_step_messages_name_the_action_and_the_reason() -> None:
 
 def test_batches_larger_than_max_batch_are_refused() -> None:
     env = MazeEnv(EnvConfig(max_batch=2))
-    specs = [EpisodeSpec(seed=0)] * 3
+    specs = [TaskSpec(seed=0)] * 3
     assert _refused(ErrorCode.INVALID_ARGUMENT, env.create, specs) == "specs: 3 items, more than max_batch=2"
     assert _refused(ErrorCode.INVALID_ARGUMENT, env.close, ["a", "b", "c"]).startswith("episode_ids: 3 items")
     assert len(env.store) == 0
@@ -90,30 +90,30 @@ def test_batches_larger_than_max_batch_are_refused() -> None:
 
 def test_the_live_episode_limit_refuses_a_whole_batch_until_episodes_are_closed() -> None:
     env = MazeEnv(EnvConfig(max_live_episodes=3))
-    ids = [e.episode_id for e in env.create([EpisodeSpec(seed=0)] * 2)]
-    message = _refused(ErrorCode.RESOURCE_EXHAUSTED, env.create, [EpisodeSpec(seed=0)] * 2)
+    ids = [e.episode_id for e in env.create([TaskSpec(seed=0)] * 2)]
+    message = _refused(ErrorCode.RESOURCE_EXHAUSTED, env.create, [TaskSpec(seed=0)] * 2)
     assert "max_live_episodes=3" in message and len(env.store) == 2
     env.close(ids)
-    assert len(env.create([EpisodeSpec(seed=0)] * 3)) == 3
+    assert len(env.create([TaskSpec(seed=0)] * 3)) == 3
 
 
 def test_idle_episodes_expire_and_then_are_not_found() -> None:
     clock = FakeClock()
     env = MazeEnv(EnvConfig(idle_ttl_s=60, max_live_episodes=2), clock=clock)
-    idle, busy = (e.episode_id for e in env.create([EpisodeSpec(seed=0), EpisodeSpec(seed=1)]))
+    idle, busy = (e.episode_id for e in env.create([TaskSpec(seed=0), TaskSpec(seed=1)]))
     clock.now += 40
     env.step([Action(busy, "down")])
     clock.now += 40  # idle: 80 s without use; busy: 40 s
     message = _refused(ErrorCode.NOT_FOUND, env.step, [Action(idle, "down")])
     assert message == f"actions[0].episode_id: episode {idle!r} expired (idle for more than 60 s)"
     env.step([Action(busy, "down")])
-    assert len(env.create([EpisodeSpec(seed=2)])) == 1, "the expired episode freed its slot"
+    assert len(env.create([TaskSpec(seed=2)])) == 1, "the expired episode freed its slot"
     assert env.store.num_expired == 1
 
 
 def test_close_ignores_unknown_ids_and_counts_the_live_ones() -> None:
     env = MazeEnv()
-    ids = [e.episode_id for e in env.create([EpisodeSpec(seed=0)] * 2)]
+    ids = [e.episode_id for e in env.create([TaskSpec(seed=0)] * 2)]
     assert env.close([ids[0], "unknown", ids[0]]) == 1
     assert env.close(ids) == 1
     assert len(env.store) == 0
@@ -121,14 +121,14 @@ def test_close_ignores_unknown_ids_and_counts_the_live_ones() -> None:
 
 def test_garbage_action_text_is_a_move_not_an_error() -> None:
     env = MazeEnv()
-    (episode_id,) = (e.episode_id for e in env.create([EpisodeSpec(seed=0)]))
+    (episode_id,) = (e.episode_id for e in env.create([TaskSpec(seed=0)]))
     (state,) = env.step([Action(episode_id, "\x00\ufffd🙂 <answer>")])
     assert state.info["invalid"] and state.info["moves"] == 1 and not state.done
 
 
 def test_a_whole_optimal_episode_through_the_batched_api() -> None:
     env = MazeEnv()
-    (created,) = env.create([EpisodeSpec(seed=12, max_moves=30, options={"size": "11"})])
+    (created,) = env.create([TaskSpec(seed=12, max_moves=30, options={"size": "11"})])
     episode = env.store.get(created.episode_id)
     assert episode is not None
     for action in solve(episode.maze):

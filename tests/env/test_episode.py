@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.task import TaskSpec
 from services.env.config import EnvConfig
 from services.env.kit.grid import DIRECTIONS
-from services.env.kit.spec import EpisodeSpec
 from services.env.maze.episode import Episode, EpisodeFinishedError
 from services.env.maze.maze import Maze, generate_maze, solve
 from services.env.maze.render import MazeRenderer
@@ -14,7 +14,7 @@ from services.env.maze.spec import parse_spec
 
 
 def _episode(seed: int = 0, max_moves: int = 20, **options: str) -> Episode:
-    settings = parse_spec(EpisodeSpec(seed=seed, max_moves=max_moves, options=options), EnvConfig())
+    settings = parse_spec(TaskSpec(seed=seed, max_moves=max_moves, options=options), EnvConfig())
     maze = generate_maze(settings.seed, settings.size, settings.start, settings.goal)
     return Episode(settings, maze, MazeRenderer(maze, settings.unit_px))
 

@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from services.common.task import TaskSpec
 from services.env.config import EnvConfig
 from services.env.kit.actions import WORDS as ACTIONS
 from services.env.kit.actions import answer_span, parse_action
 from services.env.kit.grid import Cell
-from services.env.kit.spec import EpisodeSpec
 from services.env.maze.episode import Episode
 from services.env.maze.maze import generate_maze
 from services.env.maze.render import AGENT, MazeRenderer
@@ -91,7 +91,7 @@ def test_think_openings_after_the_last_close_are_never_searched(monkeypatch: pyt
 def test_any_step_sequence_keeps_the_episode_invariants(
     seed: int, size: str, max_moves: int, require_stop: str, texts: list[str]
 ) -> None:
-    spec = EpisodeSpec(seed=seed, max_moves=max_moves, options={"size": size, "require_stop": require_stop})
+    spec = TaskSpec(seed=seed, max_moves=max_moves, options={"size": size, "require_stop": require_stop})
     config = EnvConfig()
     settings_ = parse_spec(spec, config)
     maze = generate_maze(settings_.seed, settings_.size, settings_.start, settings_.goal)

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.task import TaskSpec
 from services.env.config import EnvConfig
 from services.env.errors import EnvError, ErrorCode
-from services.env.kit.spec import EpisodeSpec
 from services.env.maze.spec import EpisodeSettings, parse_spec
 
 CONFIG = EnvConfig()
 
 
 def _parse(seed: int = 0, max_moves: int = 0, **options: str) -> EpisodeSettings:
-    return parse_spec(EpisodeSpec(seed=seed, max_moves=max_moves, options=options), CONFIG, "specs[3]")
+    return parse_spec(TaskSpec(seed=seed, max_moves=max_moves, options=options), CONFIG, "specs[3]")
 
 
 def test_defaults_are_the_easy_maze() -> None:
@@ -30,7 +30,7 @@ def test_options_are_read() -> None:
 
 def test_the_default_move_budget_scales_with_the_number_of_cells() -> None:
     assert _parse(size="11").max_moves == 32  # ceil(1.25 * 25)
-    assert parse_spec(EpisodeSpec(seed=0), EnvConfig(default_max_moves=50)).max_moves == 50
+    assert parse_spec(TaskSpec(seed=0), EnvConfig(default_max_moves=50)).max_moves == 50
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,10 @@ from mmrl.cli.main import main as mmrl
 from mmrl.envcheck.runner import CHECK_NAMES, CheckResult, run_checks, table
 from mmrl_proto.v1 import env_pb2_grpc
 from services.common.grpc_server import start_server
+from services.env import registry
+from services.env.config import EnvConfig
 from services.env.maze.env import MazeEnv
 from services.env.servicer import SERVICE_NAME, EnvServicer
-from services.env.sokoban.env import SokobanEnv
 from tests.envcheck.broken_env import VARIANTS, Servicer
 
 
@@ -37,8 +38,7 @@ def _verdicts(results: list[CheckResult]) -> dict[str, bool]:
 
 
 SHIPPED: dict[str, Callable[[], Any]] = {
-    "maze": lambda: EnvServicer(MazeEnv()),
-    "sokoban": lambda: EnvServicer(SokobanEnv()),
+    **{name: (lambda name=name: EnvServicer(registry.create(name, EnvConfig()))) for name in registry.names()},
     "brighter-example": Servicer,
 }
 

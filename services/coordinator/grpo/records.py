@@ -19,14 +19,14 @@ from services.coordinator.grpo.episodes import EpisodeResult
 
 
 def end_reason(episode: EpisodeResult) -> str:
-    """How the episode ended: solved; stopped (the env ended the task unsolved, e.g. a maze `stop`
-    off the goal); move_limit (the env's move budget ran out: truncated); turn_limit (the run's turn
-    cap ended it before the env did)."""
+    """How the episode ended, in the env contract's words: solved; terminated (the env ended the task
+    unsolved: it ran its course, or the agent gave up or got stuck); truncated (the env's move budget
+    ran out); turn_limit (the run's turn cap ended it before the env did)."""
     if episode.solved:
         return "solved"
     if episode.terminated:
-        return "stopped"
-    return "move_limit" if episode.truncated else "turn_limit"
+        return "terminated"
+    return "truncated" if episode.truncated else "turn_limit"
 
 
 def action_logprobs(episode: EpisodeResult) -> list[list[float]]:

@@ -6,18 +6,10 @@ the episode player, the evaluation and hindsight read and build these instead of
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """One task of an environment: a seed, a move budget (0 = the env's default) and options."""
-
-    seed: int
-    max_moves: int = 0
-    options: Mapping[str, str] = field(default_factory=dict)
+from services.common.task import TaskSpec
 
 
 @dataclass(frozen=True)

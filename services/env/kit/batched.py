@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from services.common.messages import shown
+from services.common.task import TaskSpec
 from services.env.config import EnvConfig
 from services.env.errors import EnvError, ErrorCode, invalid
 from services.env.kit.evalset import EvalSet
-from services.env.kit.spec import EpisodeSpec, SpecLike
+from services.env.kit.spec import SpecLike
 from services.env.store import EpisodeStore
 
 
@@ -99,7 +100,7 @@ class Environment(Protocol):
     def close(self, episode_ids: Sequence[str]) -> int: ...
     def info(self) -> EnvInfo: ...
     def training_tasks(self, seed: str, count: int, max_moves: int,
-                       options: dict[str, str]) -> list[EpisodeSpec]: ...
+                       options: dict[str, str]) -> list[TaskSpec]: ...
     def eval_set(self, name: str = "") -> EvalSet: ...
 
 

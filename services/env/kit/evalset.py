@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from services.common.messages import shown
-from services.env.kit.spec import EpisodeSpec
+from services.common.task import TaskSpec
 
 
 @dataclass(frozen=True)
@@ -22,10 +22,10 @@ class EvalSet:
     name: str
     version: str
     content_hash: str
-    specs: tuple[EpisodeSpec, ...]
+    specs: tuple[TaskSpec, ...]
 
 
-def hash_tasks(specs: Sequence[EpisodeSpec], task_text: Callable[[EpisodeSpec], str]) -> str:
+def hash_tasks(specs: Sequence[TaskSpec], task_text: Callable[[TaskSpec], str]) -> str:
     """sha256 over every spec (canonical JSON) and the text of its generated task (`task_text`)."""
     digest = hashlib.sha256()
     for spec in specs:

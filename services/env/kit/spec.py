@@ -1,7 +1,7 @@
 """Episode specs as every environment receives them: a seed, a move budget and string options.
 
 `SpecLike` is what an environment reads (the proto's `EpisodeSpec` is one, so is the plain
-`EpisodeSpec` below, which eval sets and tests build). Seeds must be in [0, 2**53): negative seeds
+`services.common.task.TaskSpec`, which eval sets and tests build). Seeds must be in [0, 2**53): negative seeds
 would alias positive ones, and larger ones do not survive the double-precision numbers of the info
 Struct. Unknown options are refused (a typo would otherwise silently play a different task).
 """
@@ -9,7 +9,6 @@ Struct. Unknown options are refused (a typo would otherwise silently play a diff
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from services.common.messages import shown
@@ -29,15 +28,6 @@ class SpecLike(Protocol):
     def options(self) -> Mapping[str, str]: ...
 
 
-@dataclass(frozen=True)
-class EpisodeSpec:
-    """A plain episode spec (an eval set's, a test's), shaped like the proto message."""
-
-    seed: int
-    max_moves: int = 0
-    options: Mapping[str, str] = field(default_factory=dict)
-
-
 def check_options_and_seed(spec: SpecLike, known: tuple[str, ...], where: str) -> None:
     """Refuses an option not in `known` and a seed outside [0, MAX_SEED) (INVALID_ARGUMENT)."""
     unknown = sorted(set(spec.options) - set(known))
@@ -45,6 +35,13 @@ def check_options_and_seed(spec: SpecLike, known: tuple[str, ...], where: str) -
         raise invalid(f"{where}.options", f"unknown option {shown(unknown[0])} (known: {', '.join(known)})")
     if not 0 <= spec.seed < MAX_SEED:
         raise invalid(f"{where}.seed", f"must be in [0, 2**53), got {spec.seed}")
+
+
+def check_max_moves(spec: SpecLike, largest: int, where: str) -> int:
+    """The spec's move budget (0: the env's default) when within [0, largest]; INVALID_ARGUMENT otherwise."""
+    if not 0 <= spec.max_moves <= largest:
+        raise invalid(f"{where}.max_moves", f"must be in [0, {largest}] (0: default), got {spec.max_moves}")
+    return spec.max_moves
 
 
 def int_option(options: Mapping[str, str], name: str, default: int, where: str,

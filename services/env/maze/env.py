@@ -12,11 +12,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from services.common.task import TaskSpec
 from services.env.config import EnvConfig
 from services.env.errors import invalid
 from services.env.kit.batched import ActionLike, BatchedEnv, EnvInfo, EpisodeView, named_eval_set, view
 from services.env.kit.evalset import EvalSet
-from services.env.kit.spec import EpisodeSpec, SpecLike
+from services.env.kit.spec import SpecLike
 from services.env.maze.episode import Episode
 from services.env.maze.evalset import RECIPES, get_eval_set
 from services.env.maze.maze import ACTIONS, generate_maze
@@ -46,17 +47,17 @@ class MazeEnv(BatchedEnv[EpisodeSettings, Episode]):
         renderer = self._renderer(prepared)
         return Episode(prepared, renderer.maze, renderer)
 
-    def training_tasks(self, seed: str, count: int, max_moves: int, options: dict[str, str]) -> list[EpisodeSpec]:
+    def training_tasks(self, seed: str, count: int, max_moves: int, options: dict[str, str]) -> list[TaskSpec]:
         """`count` distinct training mazes drawn from `seed` (services/env/maze/tasks.py), each with these
         options and move budget; INVALID_ARGUMENT for options or a budget a spec could not have."""
         self.check_count(count)
-        probe = EpisodeSpec(seed=0, max_moves=max_moves, options=dict(options))
+        probe = TaskSpec(seed=0, max_moves=max_moves, options=dict(options))
         size = parse_spec(probe, self.config, "request").size  # the options and budget, checked
         try:
             seeds = draw_training_seeds(seed, count, size)
         except ValueError as error:
             raise invalid("count", str(error)) from None
-        return [EpisodeSpec(seed=s, max_moves=max_moves, options=dict(options)) for s in seeds]
+        return [TaskSpec(seed=s, max_moves=max_moves, options=dict(options)) for s in seeds]
 
     def eval_set(self, name: str = "") -> EvalSet:
         """The named eval set ("" = default); NOT_FOUND for an unknown name."""

@@ -25,10 +25,10 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from services.common.task import TaskSpec
 from services.env.config import EnvConfig
 from services.env.kit.evalset import EvalSet, hash_tasks, recipe_named
 from services.env.kit.seeds import is_eval_seed
-from services.env.kit.spec import EpisodeSpec
 from services.env.maze.maze import eval_seeds, generate_maze, layout_key
 from services.env.maze.spec import parse_spec
 
@@ -63,11 +63,11 @@ RECIPES: dict[str, EvalSetRecipe] = {
 }
 
 
-def content_hash(specs: Sequence[EpisodeSpec]) -> str:
+def content_hash(specs: Sequence[TaskSpec]) -> str:
     """sha256 over every spec (canonical JSON) and its generated layout."""
     config = EnvConfig()
 
-    def layout_text(spec: EpisodeSpec) -> str:
+    def layout_text(spec: TaskSpec) -> str:
         settings = parse_spec(spec, config)
         return generate_maze(settings.seed, settings.size, settings.start, settings.goal).layout_text()
 
@@ -84,7 +84,7 @@ def get_eval_set(name: str = "") -> EvalSet:
         other = RECIPES[recipe.apart_from]
         exclude = frozenset(layout_key(spec.seed, other.size) for spec in get_eval_set(recipe.apart_from).specs)
     specs = tuple(
-        EpisodeSpec(seed=seed, max_moves=recipe.max_moves, options={"size": str(recipe.size)})
+        TaskSpec(seed=seed, max_moves=recipe.max_moves, options={"size": str(recipe.size)})
         for seed in eval_seeds(recipe.first_seed, recipe.num_tasks, recipe.size, exclude=exclude)
     )
     assert all(is_eval_seed(spec.seed) for spec in specs)

@@ -14,11 +14,12 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from services.common.task import TaskSpec
 from services.env.errors import invalid
 from services.env.kit.batched import BatchedEnv, EnvInfo, named_eval_set
 from services.env.kit.evalset import EvalSet
 from services.env.kit.seeds import draw_training_seeds
-from services.env.kit.spec import EpisodeSpec, SpecLike, check_options_and_seed, int_option
+from services.env.kit.spec import SpecLike, check_max_moves, check_options_and_seed, int_option
 from services.env.sokoban.episode import SokobanEpisode, Task
 from services.env.sokoban.evalset import RECIPES, get_eval_set
 from services.env.sokoban.level import (
@@ -69,9 +70,7 @@ class SokobanEnv(BatchedEnv[SokobanSettings, SokobanEpisode]):
         """Validates `spec`; EnvError(INVALID_ARGUMENT) naming the field, e.g. `specs[3].options.size`."""
         options = spec.options
         check_options_and_seed(spec, OPTIONS, where)
-        if not 0 <= spec.max_moves <= self.config.max_max_moves:
-            raise invalid(f"{where}.max_moves",
-                          f"must be in [0, {self.config.max_max_moves}] (0: default), got {spec.max_moves}")
+        check_max_moves(spec, self.config.max_max_moves, where)
         size = int_option(options, "size", DEFAULT_SIZE, where, (MIN_SIZE, MAX_SIZE))
         pulls = int_option(options, "pulls", DEFAULT_PULLS, where, (1, MAX_PULLS))
         unit_px = int_option(options, "unit_px", DEFAULT_UNIT_PX, where, (1, self.config.max_unit_px))
@@ -87,11 +86,11 @@ class SokobanEnv(BatchedEnv[SokobanSettings, SokobanEpisode]):
                          self.config.frame_cache, self.config.frame_cache_bytes)
         return SokobanEpisode(task, prepared.max_moves)
 
-    def training_tasks(self, seed: str, count: int, max_moves: int, options: dict[str, str]) -> list[EpisodeSpec]:
+    def training_tasks(self, seed: str, count: int, max_moves: int, options: dict[str, str]) -> list[TaskSpec]:
         """`count` training levels drawn from `seed`: distinct levels, none reserved for eval sets;
         INVALID_ARGUMENT for options or a budget a spec could not have."""
         self.check_count(count)
-        settings = self._prepare(EpisodeSpec(seed=0, max_moves=max_moves, options=dict(options)), "request")
+        settings = self._prepare(TaskSpec(seed=0, max_moves=max_moves, options=dict(options)), "request")
 
         @functools.cache  # each candidate's level is generated once
         def key(candidate: int) -> bytes:
@@ -101,7 +100,7 @@ class SokobanEnv(BatchedEnv[SokobanSettings, SokobanEpisode]):
             seeds = draw_training_seeds(seed, count, reserved=lambda s: is_eval_level(key(s)), identity=key)
         except ValueError as error:
             raise invalid("count", f"{error} at size {settings.size}") from None
-        return [EpisodeSpec(seed=s, max_moves=max_moves, options=dict(options)) for s in seeds]
+        return [TaskSpec(seed=s, max_moves=max_moves, options=dict(options)) for s in seeds]
 
     def eval_set(self, name: str = "") -> EvalSet:
         """The named eval set ("" = default); NOT_FOUND for an unknown name."""

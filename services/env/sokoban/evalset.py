@@ -19,9 +19,9 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from services.common.task import TaskSpec
 from services.env.kit.evalset import EvalSet, hash_tasks, recipe_named
 from services.env.kit.seeds import EVAL_SEED_MAX, EVAL_SEED_MIN, is_eval_seed
-from services.env.kit.spec import EpisodeSpec
 from services.env.sokoban.level import distinct_levels, generate_level, level_key
 
 DEFAULT_EVAL_SET = "sokoban-64"
@@ -56,7 +56,7 @@ def task_options(size: int, pulls: int) -> dict[str, str]:
     return {"size": str(size), "pulls": str(pulls)}
 
 
-def content_hash(specs: Sequence[EpisodeSpec]) -> str:
+def content_hash(specs: Sequence[TaskSpec]) -> str:
     """sha256 over every spec (canonical JSON) and its generated level."""
     return hash_tasks(specs, lambda spec: generate_level(
         spec.seed, int(spec.options["size"]), int(spec.options["pulls"])).layout_text())
@@ -74,7 +74,7 @@ def get_eval_set(name: str = "") -> EvalSet:
                             for spec in get_eval_set(recipe.apart_from).specs)
     seeds = distinct_levels(range(recipe.first_seed, EVAL_SEED_MAX), recipe.num_tasks, recipe.size, recipe.pulls,
                             reserved=True, exclude=exclude)
-    specs = tuple(EpisodeSpec(seed=seed, max_moves=recipe.max_moves, options=task_options(recipe.size, recipe.pulls))
+    specs = tuple(TaskSpec(seed=seed, max_moves=recipe.max_moves, options=task_options(recipe.size, recipe.pulls))
                   for seed in seeds)
     assert all(is_eval_seed(spec.seed) and spec.seed >= EVAL_SEED_MIN for spec in specs)
     return EvalSet(name=name, version=recipe.version, content_hash=content_hash(specs), specs=specs)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from services.common.task import TaskSpec
 from services.env.errors import EnvError
-from services.env.kit.spec import EpisodeSpec
 from services.env.sokoban.env import SokobanEnv
 from services.env.sokoban.episode import INVALID, SOLVED, STUCK, TASK, WALL_BUMP, SokobanEpisode, Task
 from services.env.sokoban.level import Level
@@ -80,4 +80,4 @@ def test_bad_options_are_invalid_argument_naming_the_field() -> None:
     for options, field in (({"size": "2"}, "options.size"), ({"colour": "red"}, "options"),
                            ({"pulls": "x"}, "options.pulls"), ({"unit_px": "400"}, "options.unit_px")):
         with pytest.raises(EnvError, match=field):
-            env.create([EpisodeSpec(seed=1, options=options)])
+            env.create([TaskSpec(seed=1, options=options)])

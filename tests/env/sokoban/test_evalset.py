@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from services.common.task import TaskSpec
 from services.env.kit.seeds import is_eval_seed
-from services.env.kit.spec import EpisodeSpec
 from services.env.sokoban.env import SokobanEnv
 from services.env.sokoban.evalset import RECIPES, get_eval_set
 from services.env.sokoban.level import generate_level, is_eval_level, level_key
 
 
-def _keys(specs: Iterable[EpisodeSpec]) -> set[bytes]:
+def _keys(specs: Iterable[TaskSpec]) -> set[bytes]:
     return {level_key(generate_level(s.seed, int(s.options.get("size", 5)), int(s.options.get("pulls", 4))))
             for s in specs}
 
