@@ -10,7 +10,7 @@ import pytest
 
 from services.coordinator.config import RunConfig
 from services.coordinator.grpo import runloop
-from services.coordinator.grpo.episodes import EpisodeResult, Sampling
+from services.coordinator.grpo.episodes import EpisodeResult, PlayPlan, Sampling
 from services.coordinator.ops.wire import TaskSpec
 
 
@@ -33,9 +33,9 @@ def _step(
     per_round: list[int] = []
     expected_greedy = grpo.get("greedy_per_group", 0)
 
-    async def play(_services: Any, _tok: Any, _chat: Any, specs: list[TaskSpec], *,
-                   samples_per_spec: int, greedy_per_spec: int, **_: Any) -> list[EpisodeResult]:
-        assert greedy_per_spec == expected_greedy
+    async def play(_services: Any, _prompting: Any, _policy: Any, plan: PlayPlan, _timers: Any) -> list[EpisodeResult]:
+        specs, samples_per_spec = plan.specs, plan.samples_per_spec
+        assert plan.greedy_per_spec == expected_greedy
         per_round.append(len(specs))
         episodes = []
         for spec in specs:
