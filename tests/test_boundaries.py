@@ -1,5 +1,5 @@
 """A service imports only shared code (`services.common`) and the generated stubs, never another
-service's modules (ARCHITECTURE, "Boundaries"): read from each module's import statements."""
+service's modules (docs/architecture.md, "Services"): read from each module's import statements."""
 
 from __future__ import annotations
 
