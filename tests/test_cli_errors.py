@@ -67,7 +67,8 @@ def test_ctrl_c_is_exit_status_130_and_other_errors_keep_their_traceback(
 def test_every_command_help_starts_with_a_whole_sentence() -> None:
     """`mmrl COMMAND --help` describes the command with its module docstring's first paragraph
     (a docstring's first line can stop mid-sentence), read here without importing the module."""
-    for module, _ in cli.COMMANDS.values():
+    for entry, _ in cli.COMMANDS.values():
+        module = entry.partition(":")[0]  # "module" or "module:function"
         spec = importlib.util.find_spec(module)
         assert spec is not None and spec.origin is not None, module
         source = Path(spec.origin).read_text()

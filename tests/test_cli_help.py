@@ -119,8 +119,8 @@ def test_every_option_of_every_command_has_help(monkeypatch: pytest.MonkeyPatch)
         raise Parsed
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", check)
-    for module, _ in cli.COMMANDS.values():
+    for entry, _ in cli.COMMANDS.values():
         with pytest.raises(Parsed):
-            importlib.import_module(module).main([])
+            cli.entry_point(entry)([])
     assert {"mmrl run start", "mmrl run stop", "mmrl config docs"} <= set(seen)
     assert len(seen) > len(cli.COMMANDS) and not undescribed, undescribed

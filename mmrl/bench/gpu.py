@@ -350,7 +350,7 @@ def part(run: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="gpu-check", description=summary(__doc__))
+    parser = argparse.ArgumentParser(prog="mmrl bench gpu", description=summary(__doc__))
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: only with --tiny, for tests")
     parser.add_argument("--tiny", action="store_true", help="a tiny model (the code path, not the figures)")
     parser.add_argument("--layers", type=int, default=10, help="decoder layers of the model (10: about 3.2e9 params)")
@@ -362,10 +362,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--vllm", action=argparse.BooleanOptionalAction, default=True,
                         help="also check vLLM on the device when it is installed (default: on)")
     parser.add_argument("--vllm-prompts", type=int, default=64, help="requests of vLLM's timed generation")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object as the last line (it always does: accepted like every bench)")
     args = parser.parse_args(argv)
     args.started = time.perf_counter()
     if args.device == "cuda" and not torch.cuda.is_available():
-        print(f"gpu check: CUDA is not available (torch {torch.__version__}, torch.cuda.is_available() is False);"
+        print(f"mmrl bench gpu: CUDA is not available (torch {torch.__version__}, torch.cuda.is_available() is False);"
               " run it on a machine with an NVIDIA GPU", file=sys.stderr)
         return 2
     if args.device == "cpu" and not args.tiny:

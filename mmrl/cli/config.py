@@ -57,13 +57,28 @@ KINDS = {
 # `mmrl serve X`: the module whose `parser()` builds its options, and the models behind them with
 # the prefix of their options' argparse destinations.
 SERVICES = {
-    "coordinator": ("services.coordinator.main", [("services.coordinator.config:CoordinatorSettings", "")]),
+    "coordinator": ("services.coordinator.main", [("services.coordinator.config:CoordinatorSettings", ""),
+                                                  ("services.coordinator.triggers.settings:TriggerSettings",
+                                                   "trigger.")]),
     "learner": ("services.learner.main", [("services.learner.config:LearnerSettings", ""),
                                           ("services.learner.launch:Launch", "launch.")]),
     "rollout": ("services.rollout.main", [("services.rollout.config:ServerSettings", ""),
                                           ("services.rollout.config:RolloutConfig", "config.")]),
     "env": ("services.env.main", [("services.env.config:ServerSettings", ""),
                                   ("services.env.config:EnvConfig", "config.")]),
+}
+
+
+# Variables read outside the settings models: name -> (who reads it, what it does).
+OTHER_VARIABLES = {
+    "MMRL_GRPC_TOKEN": ("every gRPC server and the channels of every caller",
+                        "Shared token of the gRPC services: when set, a server refuses a call without the metadata "
+                        "`authorization: Bearer <token>` (UNAUTHENTICATED; health and reflection excepted) and "
+                        "every channel sends it. Unset: nothing is checked. The same value in every service."),
+    "MMRL_API_URL": ("`mmrl run`", "The coordinator's URL when `--api` is not given "
+                     "(default `http://127.0.0.1:8000`)."),
+    "MMRL_API_TOKEN": ("`mmrl run`, `mmrl up`", "The API's bearer token when `--token` is not given; `mmrl up` "
+                       "passes it on to the coordinator it starts."),
 }
 
 
@@ -117,6 +132,10 @@ def reference_page() -> str:
             "a flag overrides the file's value.", ""]
     for command, (module, refs) in SERVICES.items():
         out += _service_section(command, module, refs)
+    out += ["### Other environment variables", "",
+            "Read outside the settings models above.", "",
+            "| Variable | Read by | Description |", "|---|---|---|",
+            *(f"| `{name}` | {who} | {what} |" for name, (who, what) in OTHER_VARIABLES.items()), ""]
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -15,15 +15,17 @@ import argparse
 import contextlib
 import importlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import metadata
 
 from services.common.user_errors import CommandFailed, UsageError, one_line
 
-# command words -> (module, help). The module defines `main(argv: list[str]) -> int`.
+# command words -> (entry, help). The entry is "module" (its `main`) or "module:function", a function
+# `(argv: list[str]) -> int`.
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("init-model",): ("mmrl.models.tiny", "build a random-initialised tiny Qwen3-VL model"),
-    ("sft",): ("mmrl.cli.sft", "supervised warm start on the env oracle's conversations (`sft export`: as JSONL)"),
+    ("sft",): ("mmrl.cli.sft", "supervised warm start on the conversations of the env's oracle"),
+    ("sft", "export"): ("mmrl.cli.sft:export_main", "write the SFT conversations as a chat dataset (JSONL + PNG)"),
     ("export",): ("mmrl.cli.export", "merge a trained adapter into its base as a standalone HF model"),
     ("serve", "env"): ("services.env.main", "serve a registered environment (maze, sokoban, ...) over gRPC"),
     ("serve", "rollout"): ("services.rollout.main", "serve vLLM generation over gRPC"),
@@ -104,12 +106,18 @@ def _argparse_errors_raise() -> Iterator[None]:
         argparse.ArgumentParser.error = original  # type: ignore[method-assign]
 
 
-def run_command(words: tuple[str, ...], module_name: str, argv: list[str]) -> int:
-    """Runs one command's `main(argv)`; errors end it as the module docstring says."""
+def entry_point(entry: str) -> Callable[[list[str]], int | None]:
+    """The function a COMMANDS entry names, its module imported now."""
+    module_name, _, function = entry.partition(":")
+    return getattr(importlib.import_module(module_name), function or "main")  # type: ignore[no-any-return]
+
+
+def run_command(words: tuple[str, ...], entry: str, argv: list[str]) -> int:
+    """Runs one command's entry point on `argv`; errors end it as the module docstring says."""
     name = " ".join(("mmrl", *words))
     try:
         with _argparse_errors_raise():
-            return int(importlib.import_module(module_name).main(argv) or 0)
+            return int(entry_point(entry)(argv) or 0)
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130
@@ -134,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     if args[0] in ("-V", "--version"):
         print(f"mmrl {version()}")
         return 0
-    for words, (module_name, _) in sorted(COMMANDS.items(), key=lambda kv: -len(kv[0])):
+    for words, (entry, _) in sorted(COMMANDS.items(), key=lambda kv: -len(kv[0])):
         if tuple(args[: len(words)]) == words:
-            return run_command(words, module_name, args[len(words):])
+            return run_command(words, entry, args[len(words):])
     group = tuple(args[:1])
     if group in _groups():
         if args[1:2] and args[1] in HELP:

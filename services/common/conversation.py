@@ -1,4 +1,4 @@
-"""A multi-turn conversation kept as token ids (ARCHITECTURE "Multi-turn token contract").
+"""A multi-turn conversation kept as token ids (docs/architecture.md, "Multi-turn token contract").
 
 Layout, in Qwen's chat format (every piece is tokenized on its own and concatenated, so the
 boundaries between observation, template and generated tokens are exact):

@@ -47,20 +47,22 @@ def configure(service: str, mode: TracingMode, exporter: Any = None) -> None:
     global _tracer, _service
     if mode == "off" and exporter is None:
         return
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+        if mode == "otlp" and exporter is None:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    except ImportError as missing:
+        log.error("tracing: mode %r needs OpenTelemetry (pip install 'mmrl[tracing]'): %s; tracing stays off",
+                  mode, missing)
+        return
 
     provider = TracerProvider(resource=Resource.create({"service.name": f"mmrl-{service}"}))
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     elif mode == "otlp":
-        try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        except ImportError:
-            log.error("tracing: mode 'otlp' needs the opentelemetry-exporter-otlp package "
-                      "(pip install 'mmrl[tracing]'); tracing stays off")
-            return
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     else:
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter

@@ -11,7 +11,7 @@ from pathlib import Path
 
 # Text decoder layers of the benchmark's random model: its hidden size follows the parameter count.
 RANDOM_MODEL_LAYERS = 8
-HIDDEN_MULTIPLE = 64  # services/common/tiny_model.check_text_shape
+HIDDEN_MULTIPLE = 64  # mmrl/models/tiny.py check_text_shape
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """What the deployment files must agree on, and small readers the deploy tests share.
 
-The runtime contract (ARCHITECTURE "Contracts" and the services' CLI): service names, ports, the
+The runtime contract (docs/architecture.md, "Contracts", and the services' CLI): service names, ports, the
 addresses in MMRL_* variables. Every check reads the files as text or renders them with the real
 tools (kubectl kustomize, docker compose); nothing here runs a container or talks to a cluster
 (scripts/compose-check.sh builds the images and runs the stack).

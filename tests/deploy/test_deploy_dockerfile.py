@@ -42,8 +42,9 @@ def _exec_form(value: str) -> list[str]:
 
 def test_every_image_starts_from_the_one_base_argument_debian_bookworm_with_its_python_3_11() -> None:
     assert GLOBAL_ARGS["BASE_IMAGE"] == "debian:bookworm-slim"
+    assert GLOBAL_ARGS["EFA_IMAGE"] in STAGES, "by default the EFA stage is one of this file's"
     for stage in STAGES.values():
-        assert stage.base in STAGES or stage.base == "${BASE_IMAGE}", f"{stage.name}: FROM {stage.base}"
+        assert stage.base in STAGES or stage.base in ("${BASE_IMAGE}", "${EFA_IMAGE}"), f"{stage.name}: FROM {stage.base}"
     assert re.fullmatch(r"python3=3\.11\.[\w.:~+-]+", GLOBAL_ARGS["PYTHON_PACKAGES"])
 
 

@@ -1,4 +1,4 @@
-"""The GRPO run loop (ARCHITECTURE "One GRPO step"), read top to bottom as the algorithm.
+"""The GRPO run loop (docs/architecture.md, "One GRPO step"), read top to bottom as the algorithm.
 
 Resumability: at the start of a run the learner saves a step-0 checkpoint; every
 `checkpoint_interval` steps it saves another. A (re)started loop rolls the learner back to its

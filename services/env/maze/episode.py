@@ -1,6 +1,6 @@
 """One maze episode as a state machine: text action in, frame + text + reward + done + info out.
 
-Rules (ARCHITECTURE "Maze environment semantics"):
+Rules (docs/env.md, "Semantics"; docs/architecture.md, "Environments"):
 - Every step costs one move: a move, a wall bump, an unparseable action and "stop" alike.
 - A wall bump or an invalid action leaves the agent (and so the frame) unchanged, with feedback.
 - Default mode: the episode ends solved, reward 1.0, when a move reaches the goal. With
