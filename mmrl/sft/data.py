@@ -122,7 +122,8 @@ def expert_conversations(
                     if new_state.done:
                         del states[new_state.episode_id]
                         conv = convs[new_state.episode_id]
-                        if new_state.reward > 0 and sum(conv.loss_mask) > 0:
+                        solved = MessageToDict(new_state.info).get("solved", new_state.reward > 0)
+                        if solved and sum(conv.loss_mask) > 0:
                             trajectories.append(conv.to_trajectory(
                                 f"sft-{spec.seed}", [float(m) for m in conv.loss_mask], reward=new_state.reward))
                     else:

@@ -6,7 +6,8 @@ Rules (docs/env.md, "Semantics"; docs/architecture.md, "Environments"):
 - Default mode: the episode ends solved, reward 1.0, when a move reaches the goal. With
   `require_stop` (VisGym-compatible) reaching the goal is not enough: "stop" on the goal solves it.
 - "stop" anywhere else ends the episode unsolved; so does spending the last move. Reward is 1.0
-  only on the solving step, 0.0 on every other step.
+  only on the solving step, 0.0 on every other step; with the `reward: progress` option every move
+  also earns the share of the way to the goal it covered (services/env/kit/reward.py).
 
 Observation texts use a small fixed vocabulary (a tiny tokenizer is trained on them); the agent's
 own text is never echoed back.
@@ -18,6 +19,7 @@ from typing import Any
 
 from services.env.kit.actions import parse_action
 from services.env.kit.grid import STOP, Cell
+from services.env.kit.reward import progress
 from services.env.maze.maze import Maze, optimal_action
 from services.env.maze.render import MazeRenderer
 from services.env.maze.spec import EpisodeSettings
@@ -73,6 +75,7 @@ class Episode:
         if self.done:
             raise EpisodeFinishedError("episode is done")
         action = parse_action(text)
+        before = int(self.maze.distance[self.position])
         self.moves += 1
         self.last_action = action or ""
         self.invalid = action is None
@@ -100,7 +103,9 @@ class Episode:
                         self.feedback = SOLVED
         if self.solved:
             self.reward = 1.0
-        elif self.moves >= self.settings.max_moves and not self.done:
+        if self.settings.reward == "progress":
+            self.reward += progress(before, int(self.maze.distance[self.position]), self.maze.optimal_moves)
+        if not self.solved and self.moves >= self.settings.max_moves and not self.done:
             self.done = self.truncated = True
             self.feedback = f"{self.feedback} {OUT_OF_MOVES}".lstrip()
 

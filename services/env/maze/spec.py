@@ -8,6 +8,8 @@ Options of the maze environment (all values are strings, as in the proto's map):
                 only counts when the agent then answers "stop" on it (default "false")
   start, goal   cell "row,col" (0-based cell coordinates, not grid units; default top-left and
                 bottom-right cell)
+  reward        "sparse" (default: 1.0 on the solving step) or "progress" (plus the share of the way
+                to the goal each move covers; services/env/kit/reward.py)
 Seeds and unknown options are checked as every environment does (services/env/kit/spec.py).
 """
 
@@ -20,11 +22,12 @@ from services.common.messages import shown
 from services.env.config import EnvConfig
 from services.env.errors import invalid
 from services.env.kit.grid import Cell
+from services.env.kit.reward import RewardMode, reward_option
 from services.env.kit.spec import SpecLike, check_options_and_seed, int_option
 from services.env.maze.maze import num_cells_per_side, option_flag, parse_cell
 from services.env.maze.render import frame_side
 
-OPTIONS = ("goal", "require_stop", "size", "start", "unit_px")
+OPTIONS = ("goal", "require_stop", "reward", "size", "start", "unit_px")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class EpisodeSettings:
     require_stop: bool
     start: Cell
     goal: Cell
+    reward: RewardMode = "sparse"
 
     @property
     def maze_key(self) -> tuple[int, int, Cell, Cell, int]:
@@ -94,5 +98,5 @@ def parse_spec(spec: SpecLike, config: EnvConfig, where: str = "spec") -> Episod
         raise invalid(f"{where}.options.goal", f"must differ from start, both are {start}")
     return EpisodeSettings(
         seed=spec.seed, size=size, max_moves=max_moves, unit_px=unit_px,
-        require_stop=require_stop, start=start, goal=goal,
+        require_stop=require_stop, start=start, goal=goal, reward=reward_option(options, where),
     )

@@ -5,6 +5,8 @@ Options of a spec (all values are strings, as in the proto's map):
   pulls    most reverse-play pulls of the level's generation, 1..20 (default "4"; more: longer pushes)
   unit_px  pixels per cell (default "16": one image token per cell for patch 8, merge 2); the frame
            side size * unit_px must not exceed the config's max_frame_px
+  reward   "sparse" (default: 1.0 on the solving push) or "progress" (plus the share of the way to the
+           solution each move covers, by the oracle's moves to solve; services/env/kit/reward.py)
 Seeds must be in [0, 2**53); max_moves 0 means DEFAULT_MAX_MOVES. Unknown options are refused.
 The env's limits (live episodes, batch, action text, largest budget, frame cache) are EnvConfig's.
 """
@@ -18,6 +20,7 @@ from services.common.task import TaskSpec
 from services.env.errors import invalid
 from services.env.kit.batched import BatchedEnv, EnvInfo, named_eval_set
 from services.env.kit.evalset import EvalSet
+from services.env.kit.reward import RewardMode, reward_option
 from services.env.kit.seeds import draw_training_seeds
 from services.env.kit.spec import SpecLike, check_max_moves, check_options_and_seed, int_option
 from services.env.sokoban.episode import SokobanEpisode, Task
@@ -34,7 +37,7 @@ from services.env.sokoban.level import (
 from services.env.sokoban.render import SokobanRenderer, frame_side
 from services.env.sokoban.solver import Solution
 
-OPTIONS = ("pulls", "size", "unit_px")
+OPTIONS = ("pulls", "reward", "size", "unit_px")
 ACTIONS = ("up", "down", "left", "right")
 DEFAULT_UNIT_PX = 16
 DEFAULT_MAX_MOVES = 20
@@ -50,6 +53,7 @@ class SokobanSettings:
     pulls: int
     unit_px: int
     max_moves: int
+    reward: RewardMode = "sparse"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -79,12 +83,12 @@ class SokobanEnv(BatchedEnv[SokobanSettings, SokobanEpisode]):
             raise invalid(f"{where}.options.unit_px", f"size {size} at unit_px {unit_px} makes {side}x{side} px "
                                                       f"frames, more than max_frame_px={self.config.max_frame_px}")
         return SokobanSettings(seed=spec.seed, size=size, pulls=pulls, unit_px=unit_px,
-                               max_moves=spec.max_moves or DEFAULT_MAX_MOVES)
+                               max_moves=spec.max_moves or DEFAULT_MAX_MOVES, reward=reward_option(options, where))
 
     def _start(self, prepared: SokobanSettings) -> SokobanEpisode:
         task = load_task(prepared.seed, prepared.size, prepared.pulls, prepared.unit_px,
                          self.config.frame_cache, self.config.frame_cache_bytes)
-        return SokobanEpisode(task, prepared.max_moves)
+        return SokobanEpisode(task, prepared.max_moves, prepared.reward)
 
     def training_tasks(self, seed: str, count: int, max_moves: int, options: dict[str, str]) -> list[TaskSpec]:
         """`count` training levels drawn from `seed`: distinct levels, none reserved for eval sets;

@@ -10,6 +10,8 @@ Rules:
   never reach the target (the oracle's BFS finds no way: a corner, or along a wall without the
   target): "The box is stuck." Playing on could never solve it.
 - Spending the last move ends it unsolved and truncated ("No moves left.").
+- Reward: 1.0 on the solving push, 0.0 otherwise; with the `reward: progress` option every move also
+  earns the share of the way to the solution it covered (a stuck box: -1 in all; kit/reward.py).
 
 Observation texts reuse the maze's phrasing where they mean the same ("You hit a wall.",
 "Invalid action.", "Moves left: N.", "No moves left."); the agent's own text is never echoed back.
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.env.kit.actions import parse_action
+from services.env.kit.reward import RewardMode, progress
 from services.env.sokoban.level import Level
 from services.env.sokoban.render import SokobanRenderer
 from services.env.sokoban.solver import Solution, State, move
@@ -45,8 +48,9 @@ class Task:
 class SokobanEpisode:
     """The state of one episode. Not thread-safe; the store serialises access."""
 
-    def __init__(self, task: Task, max_moves: int) -> None:
+    def __init__(self, task: Task, max_moves: int, reward: RewardMode = "sparse") -> None:
         self.task = task
+        self.reward_mode = reward
         self.level = task.level
         self.max_moves = max_moves
         self.state: State = (self.level.agent, self.level.box)
@@ -76,6 +80,8 @@ class SokobanEpisode:
         action = parse_action(text)
         if action == "stop":
             action = None
+        before = self.task.solution.moves_to_solve(self.state)
+        assert before is not None, "a running episode's box can still reach the target"
         self.moves += 1
         self.last_action = action or ""
         self.invalid = action is None
@@ -96,6 +102,9 @@ class SokobanEpisode:
                 self.done = self.stuck = True
                 self.feedback = STUCK
         self.reward = 1.0 if self.solved else 0.0
+        if self.reward_mode == "progress":
+            after = 0 if self.solved else self.task.solution.moves_to_solve(self.state)
+            self.reward += progress(before, after, self.task.solution.optimal_moves)
         if self.moves >= self.max_moves and not self.done:
             self.done = self.truncated = True
             self.feedback = f"{self.feedback} {OUT_OF_MOVES}".lstrip()
