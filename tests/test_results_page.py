@@ -106,3 +106,36 @@ def test_the_committed_results_page_and_readme_table_are_what_the_record_renders
     assert main(["--check", "--record", str(REPO_ROOT / "docs" / "results"), "--out",
                  str(REPO_ROOT / "docs" / "results.md"), "--readme", str(REPO_ROOT / "README.md")]) == 0
     assert README_BEGIN in (REPO_ROOT / "README.md").read_text()
+
+
+def test_a_sweep_puts_its_worst_mean_and_best_on_the_page_and_in_the_readme_table(tmp_path: Path) -> None:
+    from mmrl.demo.aggregate import aggregate
+
+    summary, curve = _demo_output(tmp_path / "demo")
+    (tmp_path / "README.md").write_text(f"intro\n{README_BEGIN}\nold\n{README_END}\nrest\n")
+    assert _run(tmp_path, "--summary", summary, "--curve", curve, "--update") == 0
+    runs = [{"start": f"/somewhere/sft-{start}", "seed": seed, "state": "succeeded", "steps": 110,
+             "start_solve_rate": 0.5, "end_solve_rate_last3": rate, "within_budget_solve_rate": rate,
+             "held_out_solve_rate": rate - 0.05, "mean_step_s": 9.0}
+            for (start, seed), rate in zip([("a", 0), ("a", 1), ("b", 0)], (0.9, 0.95, 1.0), strict=True)]
+    curves = [{"eval": [{"step": 0, "greedy_solve_rate": 0.5}, {"step": 110, "greedy_solve_rate": r["end_solve_rate_last3"]}]}
+              for r in runs]
+    sweep = {**aggregate(runs, curves), "env": "maze", "seeds": [0, 1], "starts": ["/somewhere/sft-a", "/x/sft-b"],
+             "budget_min": 30.0, "machine": {"cpus": 2, "cpu": "Test CPU", "cpu_flags": ["avx2"], "torch": "2.13.0",
+                                              "torch_threads": 2, "commit": "abc1234"},
+             "command": "mmrl sweep --seeds 0,1"}
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "sweep.json").write_text(json.dumps(sweep))
+    assert _run(tmp_path, "--sweep", tmp_path / "sweep" / "sweep.json") == 0
+
+    page = (tmp_path / "results.md").read_text()
+    assert "## GRPO over seeds and starts: maze" in page and "`sft-a`, `sft-b`" in page and "/somewhere" not in page
+    assert "| end (step 110, mean of the last 3 evals), greedy | 0.900 / 0.950 / 1.000 (3 runs) |" in page
+    assert "| 110 | 0.900 | 0.950 | 1.000 |" in page
+    readme = (tmp_path / "README.md").read_text()
+    table = readme[readme.index(README_BEGIN):readme.index(README_END)]
+    assert "| SFT start, greedy solve rate | 0.500 (700 updates, 2,000 s) |" in table
+    assert "| maze: held out at the end, greedy (worst / mean / best) | 0.850 / 0.900 / 0.950 (3 runs) |" in table
+    assert "GRPO at the end" not in table  # one run's figure gives way to the sweep's
+    assert "| machine | 2-core Test CPU (avx2), torch 2.13.0 x2 threads, commit abc1234 |" in table
+    assert _run(tmp_path, "--check") == 0

@@ -1,9 +1,12 @@
 """`mmrl report`: write docs/results.md (and the results table of README.md) from a demo's
-`summary.json` and `curve.json`, so that a new run changes data, not prose.
+`summary.json` and `curve.json` and from sweeps' `sweep.json`, so that a new run changes data, not
+prose. A sweep (`mmrl sweep`) is the distribution over seeds and SFT starts; where the record holds
+one, the README's table shows its worst, mean and best instead of one run's figures.
 
-The data of record lives in docs/results/ (summary.json, curve.json). `--update` copies a demo's
-files there (and its curve.png / solved_episode.png into docs/images/) before rendering;
-`--check` exits 1 when docs/results.md or README.md's table is not what the record renders to.
+The data of record lives in docs/results/ (summary.json, curve.json, sweep-<env>.json). `--update`
+copies a demo's files there (and its curve.png / solved_episode.png into docs/images/) before
+rendering, `--sweep FILE` a sweep's (and its band.png); `--check` exits 1 when docs/results.md or
+README.md's table is not what the record renders to.
 
 Besides what `mmrl demo` writes, summary.json may carry `held_out_mazes`,
 `held_out_start_solve_rate`, `held_out_end_solve_rate`, `machine`, `commit` and `command`
@@ -14,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from mmrl.report.machine import describe, machine_info
 
 RECORD_DIR = Path("docs/results")
 IMAGES = {"curve.png": "demo-curve.png", "solved_episode.png": "demo-solved-episode.png"}
@@ -73,8 +76,60 @@ def result_rows(summary: dict[str, Any], curve: dict[str, Any]) -> list[tuple[st
     if summary.get("mean_step_s"):
         rows.append(("time per GRPO step (mean)", f"{float(summary['mean_step_s']):.1f} s"))
     if summary.get("machine"):
-        rows.append(("machine", str(summary["machine"])))
+        rows.append(("machine", machine_text(summary["machine"])))
     return rows
+
+
+def machine_text(machine: Any) -> str:
+    return describe(machine) if isinstance(machine, dict) else str(machine)
+
+
+def _spread(figure: dict[str, Any] | None) -> str | None:
+    if not figure:
+        return None
+    return (f"{_rate(figure['worst'])} / {_rate(figure['mean'])} / {_rate(figure['best'])} "
+            f"({figure['num']} runs)")
+
+
+def sweep_rows(sweep: dict[str, Any]) -> list[tuple[str, str]]:
+    """(what, worst / mean / best) rows of a sweep; a figure no run has is left out."""
+    figures = sweep.get("figures", {})
+    steps = max((r.get("steps") or 0 for r in sweep.get("runs", [])), default=0)
+    budget = f"{float(sweep.get('budget_min', 30)):g}"
+    named = [("start (step 0), greedy", "start_solve_rate"),
+             (f"end (step {steps}, mean of the last 3 evals), greedy", "end_solve_rate_last3"),
+             (f"last eval within {budget} minutes of GRPO, greedy", "within_budget_solve_rate"),
+             ("held out at the end, greedy", "held_out_solve_rate")]
+    rows = [(what, text) for what, key in named if (text := _spread(figures.get(key)))]
+    if sweep.get("mean_step_s"):
+        rows.append(("time per GRPO step (mean over runs)", f"{float(sweep['mean_step_s']):.1f} s"))
+    if sweep.get("machine"):
+        rows.append(("machine", machine_text(sweep["machine"])))
+    return rows
+
+
+def _seconds_per_step(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.1f}"
+
+
+def sweep_section(sweep: dict[str, Any], image: str) -> list[str]:
+    """A sweep's part of the page: what ran, the figures' spread, the band per eval step, each run."""
+    env = sweep.get("env", "")
+    starts = ", ".join(f"`{Path(s).name}`" for s in sweep.get("starts", []))
+    seeds = ", ".join(str(s) for s in sweep.get("seeds", []))
+    lines = [f"## GRPO over seeds and starts: {env}", "",
+             f"`{sweep.get('command', 'mmrl sweep')}`: {sweep.get('num_succeeded')} of {sweep.get('num_runs')} runs "
+             f"succeeded (starts {starts}; seeds {seeds}). Worst / mean / best over the runs:", "",
+             _table(sweep_rows(sweep)), "", f"![sweep band](images/{image})", "",
+             "| step | worst | mean | best |", "| --- | --- | --- | --- |"]
+    lines += [f"| {p['step']} | {_rate(p['worst'])} | {_rate(p['mean'])} | {_rate(p['best'])} |"
+              for p in sweep.get("band", [])]
+    lines += ["", "| start | seed | end (last 3) | within budget | held out | s/step |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| `{Path(str(r.get('start'))).name}` | {r.get('seed')} | {_rate(r.get('end_solve_rate_last3'))} | "
+              f"{_rate(r.get('within_budget_solve_rate'))} | {_rate(r.get('held_out_solve_rate'))} | "
+              f"{_seconds_per_step(r.get('mean_step_s'))} |"
+              for r in sweep.get("runs", [])]
+    return [*lines, ""]
 
 
 def _table(rows: list[tuple[str, str]]) -> str:
@@ -105,13 +160,13 @@ def _curve_table(curve: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render_page(summary: dict[str, Any], curve: dict[str, Any]) -> str:
+def render_page(summary: dict[str, Any], curve: dict[str, Any], sweeps: dict[str, dict[str, Any]] | None = None) -> str:
     checks = summary.get("sft_checks") or []
     lines = [
         "# Results",
         "",
-        "<!-- Generated by `mmrl report` from docs/results/summary.json and docs/results/curve.json."
-        " Do not edit; run `mmrl report --update` after a new `make demo`. -->",
+        "<!-- Generated by `mmrl report` from docs/results/ (summary.json, curve.json, sweep-<env>.json)."
+        " Do not edit; run `mmrl report --update` after a new `make demo`, `--sweep FILE` after a sweep. -->",
         "",
         "The current run of record of `make demo`: the SFT warm start, then GRPO on the tiny model."
         " Solve rates are on the fixed 64-maze eval set unless a row says otherwise.",
@@ -129,14 +184,25 @@ def render_page(summary: dict[str, Any], curve: dict[str, Any]) -> str:
         lines += ["## The SFT's checks", "",
                   f"Validation solve rates at updates {checks[0]['updates']}..{checks[-1]['updates']}: {rates}"
                   + (f"; kept: {summary['sft_updates']} updates." if summary.get("sft_updates") else "."), ""]
+    for env, sweep in sorted((sweeps or {}).items()):
+        lines += sweep_section(sweep, f"sweep-{env}-band.png")
     lines += ["How these figures vary between runs and machines, and every other run:"
               " [experiments/README.md](experiments/README.md).", ""]
     return "\n".join(lines)
 
 
-def render_readme_block(summary: dict[str, Any], curve: dict[str, Any]) -> str:
-    """The README's table: the page's, less the sampled solve rates."""
+def render_readme_block(summary: dict[str, Any], curve: dict[str, Any],
+                        sweeps: dict[str, dict[str, Any]] | None = None) -> str:
+    """The README's table: with sweeps, the SFT start of the run of record and each sweep's worst /
+    mean / best; without, the run of record's rows, less the sampled solve rates."""
     rows = [row for row in result_rows(summary, curve) if not row[0].startswith("sampled")]
+    if sweeps:
+        rows = [row for row in rows if row[0].startswith("SFT start")]
+        for env, sweep in sorted(sweeps.items(), key=lambda item: item[0] != "maze"):
+            rows += [(f"{env}: {what} (worst / mean / best)" if what != "machine" else what, value)
+                     for what, value in sweep_rows(sweep) if not what.startswith("time") or env == "maze"]
+        rows = [row for i, row in enumerate(rows) if row[0] != "machine" or i == len(rows) - 1 or
+                all(r[0] != "machine" for r in rows[i + 1:])]
     return "\n".join([README_BEGIN, _table(rows), README_END])
 
 
@@ -146,18 +212,6 @@ def replace_block(text: str, block: str) -> str:
     if begin < 0 or end < begin:
         return text
     return text[:begin] + block + text[end + len(README_END):]
-
-
-def this_machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()}-core {model}"
 
 
 def update_record(args: argparse.Namespace) -> None:
@@ -170,7 +224,7 @@ def update_record(args: argparse.Namespace) -> None:
     for key in ("machine", "commit", "command"):
         if getattr(args, key):
             summary[key] = getattr(args, key)
-    summary.setdefault("machine", this_machine())
+    summary.setdefault("machine", machine_info())
     for key in ("output_dir", "model_dir", "final_adapter_dir", "curve_png", "solved_episode_png"):
         summary.pop(key, None)  # paths on the machine that ran the demo
     args.record.mkdir(parents=True, exist_ok=True)
@@ -183,21 +237,38 @@ def update_record(args: argparse.Namespace) -> None:
             shutil.copyfile(source, args.images / target)
 
 
+def update_sweep(args: argparse.Namespace) -> None:
+    """Copies a sweep's sweep.json (local paths cut to names) and band.png into the record."""
+    sweep = json.loads(args.sweep.read_text())
+    sweep["starts"] = [Path(s).name for s in sweep.get("starts", [])]
+    for run in sweep.get("runs", []):
+        run["start"] = Path(str(run.get("start"))).name
+    args.record.mkdir(parents=True, exist_ok=True)
+    (args.record / f"sweep-{sweep['env']}.json").write_text(json.dumps(sweep, indent=2) + "\n")
+    band = args.sweep.parent / "band.png"
+    if band.is_file():
+        args.images.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(band, args.images / f"sweep-{sweep['env']}-band.png")
+
+
 def _expected(args: argparse.Namespace, summary_path: Path, curve_path: Path) -> dict[Path, str]:
     """What the page (and the README, when it has a results block) should read."""
     summary = json.loads(summary_path.read_text())
     curve = json.loads(curve_path.read_text())
-    expected = {args.out: render_page(summary, curve)}
+    sweeps = {path.stem.removeprefix("sweep-"): json.loads(path.read_text())
+              for path in sorted(args.record.glob("sweep-*.json"))}
+    expected = {args.out: render_page(summary, curve, sweeps)}
     if args.readme.is_file():
-        expected[args.readme] = replace_block(args.readme.read_text(), render_readme_block(summary, curve))
+        expected[args.readme] = replace_block(args.readme.read_text(), render_readme_block(summary, curve, sweeps))
     return expected
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mmrl report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--summary", type=Path, default=Path("outputs/demo/summary.json"), help="a demo's summary.json")
-    parser.add_argument("--curve", type=Path, default=Path("outputs/demo/curve.json"), help="a demo's curve.json")
+    parser.add_argument("--summary", type=Path, default=Path("outputs/demo-maze/summary.json"),
+                        help="a demo's summary.json")
+    parser.add_argument("--curve", type=Path, default=Path("outputs/demo-maze/curve.json"), help="a demo's curve.json")
     parser.add_argument("--out", type=Path, default=Path("docs/results.md"), help="the page to write")
     parser.add_argument("--readme", type=Path, default=Path("README.md"),
                         help="whose results block to rewrite (left alone without one)")
@@ -208,6 +279,8 @@ def main(argv: list[str]) -> int:
                       help="copy --summary and --curve into --record, then render from the record")
     mode.add_argument("--check", action="store_true", help="exit 1 if the page is not what the record renders to")
     mode.add_argument("--from-record", action="store_true", help="render from --record, ignoring --summary/--curve")
+    mode.add_argument("--sweep", type=Path, help="copy this sweep.json (and its band.png) into --record, then render "
+                                                 "from the record")
     parser.add_argument("--held-out", type=float, nargs=2, metavar=("START", "END"),
                         help="with --update: held-out solve rates of the SFT start and the final adapter")
     parser.add_argument("--held-out-mazes", type=int, default=256, help="with --held-out: how many mazes")
@@ -218,7 +291,9 @@ def main(argv: list[str]) -> int:
 
     if args.update:
         update_record(args)
-    from_record = args.update or args.check or args.from_record
+    if args.sweep:
+        update_sweep(args)
+    from_record = args.update or args.check or args.from_record or args.sweep is not None
     summary_path = args.record / "summary.json" if from_record else args.summary
     curve_path = args.record / "curve.json" if from_record else args.curve
     for path in (summary_path, curve_path):
