@@ -49,24 +49,24 @@ def test_eval_seeds_are_disjoint_from_training_seeds() -> None:
 def test_eval_sets_hold_distinct_layouts_that_training_never_plays(name: str) -> None:
     """Disjoint seeds are not enough: the backtracker carves the same 4x4 layout from many seeds."""
     recipe = RECIPES[name]
-    keys = [layout_key(spec.seed, recipe.size) for spec in get_eval_set(name).specs]
+    keys = [layout_key(spec.seed, int(recipe.options["size"])) for spec in get_eval_set(name).specs]
     assert len(set(keys)) == len(keys) == recipe.num_tasks
     assert all(is_eval_layout(key) for key in keys)
     # Every seed of the eval range the set passed over was rejected for its layout (its own, or one of the
     # set it keeps apart from).
     seeds = [spec.seed for spec in get_eval_set(name).specs]
     skipped = set(range(recipe.first_seed, seeds[-1])) - set(seeds)
-    apart = ({layout_key(spec.seed, recipe.size) for spec in get_eval_set(recipe.apart_from).specs}
+    apart = ({layout_key(spec.seed, int(recipe.options["size"])) for spec in get_eval_set(recipe.apart_from).specs}
              if recipe.apart_from else set())
-    assert all(not is_eval_layout(layout_key(s, recipe.size)) or layout_key(s, recipe.size) in {*keys, *apart}
+    assert all(not is_eval_layout(layout_key(s, int(recipe.options["size"]))) or layout_key(s, int(recipe.options["size"])) in {*keys, *apart}
                for s in skipped)
     assert not apart & set(keys)
     # ... and training, which draws by seed, plays none of them: the training seeds that carve an
     # eval layout (there are many) are exactly the ones `is_training_seed` refuses.
-    carving = [s for s in range(20_000) if layout_key(s, recipe.size) in set(keys)]
-    if recipe.size == 9:
+    carving = [s for s in range(20_000) if layout_key(s, int(recipe.options["size"])) in set(keys)]
+    if int(recipe.options["size"]) == 9:
         assert len(carving) > 100
-    assert not any(is_training_seed(s, recipe.size) for s in carving)
+    assert not any(is_training_seed(s, int(recipe.options["size"])) for s in carving)
 
 
 def test_layouts_repeat_across_seeds_and_about_one_in_eight_is_reserved() -> None:

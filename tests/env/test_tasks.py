@@ -23,12 +23,12 @@ def test_training_mazes_never_have_an_eval_set_layout() -> None:
     for name, recipe in RECIPES.items():
         eval_set = get_eval_set(name)
         eval_seeds = {spec.seed for spec in eval_set.specs}
-        eval_layouts = {layout_key(seed, recipe.size) for seed in eval_seeds}
+        eval_layouts = {layout_key(seed, int(recipe.options["size"])) for seed in eval_seeds}
         assert TRAIN_SEED_LIMIT <= min(eval_seeds)
         for step in range(150):
             for run_seed in (0, 2**31 - 1):
-                for seed in draw_training_seeds(f"mmrl:{run_seed}:{step}:{step % 3}", 16, recipe.size):
-                    key = layout_key(seed, recipe.size)
+                for seed in draw_training_seeds(f"mmrl:{run_seed}:{step}:{step % 3}", 16, int(recipe.options["size"])):
+                    key = layout_key(seed, int(recipe.options["size"]))
                     assert seed not in eval_seeds and not is_eval_seed(seed)
                     assert key not in eval_layouts and not is_eval_layout(key)
 

@@ -35,7 +35,7 @@ def test_training_and_validation_tasks_are_distinct_mazes_of_no_eval_set() -> No
     assert (len(tasks.training), len(tasks.validation)) == (300, 100)
     layouts = [layout_key(spec.seed, 9) for spec in [*tasks.training, *tasks.validation]]
     assert len(set(layouts)) == 400 and not any(is_eval_layout(k) for k in layouts)
-    eval_layouts = {layout_key(s.seed, RECIPES[n].size) for n in RECIPES for s in get_eval_set(n).specs}
+    eval_layouts = {layout_key(s.seed, int(RECIPES[n].options["size"])) for n in RECIPES for s in get_eval_set(n).specs}
     assert not eval_layouts & set(layouts)
     assert all(spec.max_moves == 20 and dict(spec.options) == {"size": "9"} for spec in tasks.training)
     again = with_env_service(lambda address: draw_tasks(address, config))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from services.common.messages import shown
 from services.common.task import TaskSpec
+from services.env.kit.seeds import EVAL_SEED_MAX, distinct_seeds, is_eval_seed
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,37 @@ def hash_tasks(specs: Sequence[TaskSpec], task_text: Callable[[TaskSpec], str]) 
         digest.update(task_text(spec).encode())
         digest.update(b"\n")
     return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How an eval set is drawn: the first `num_tasks` eval-range seeds from `first_seed` whose tasks
+    (with `options`) are reserved for eval, distinct, and not in the set `apart_from` names."""
+
+    version: str
+    first_seed: int
+    num_tasks: int
+    max_moves: int
+    options: Mapping[str, str]
+    recorded_hash: str
+    apart_from: str = ""
+
+
+def build_eval_set(name: str, recipes: Mapping[str, Recipe], get: Callable[[str], EvalSet],
+                   task_key: Callable[[TaskSpec], bytes], task_text: Callable[[TaskSpec], str]) -> EvalSet:
+    """The eval set `name` of `recipes` (KeyError for another name is the caller's `recipe_named`):
+    its tasks' keys (`task_key`) decide what is reserved and distinct, their text (`task_text`) the hash."""
+    recipe = recipes[name]
+    exclude = frozenset(task_key(spec) for spec in get(recipe.apart_from).specs) if recipe.apart_from else frozenset()
+
+    def spec_of(seed: int) -> TaskSpec:
+        return TaskSpec(seed=seed, max_moves=recipe.max_moves, options=dict(recipe.options))
+
+    seeds = distinct_seeds(range(recipe.first_seed, EVAL_SEED_MAX), recipe.num_tasks,
+                           lambda seed: task_key(spec_of(seed)), reserved=True, exclude=exclude)
+    specs = tuple(spec_of(seed) for seed in seeds)
+    assert all(is_eval_seed(spec.seed) for spec in specs)
+    return EvalSet(name=name, version=recipe.version, content_hash=hash_tasks(specs, task_text), specs=specs)
 
 
 def recipe_named(recipes: Mapping[str, object], default: str, name: str) -> str:

@@ -23,69 +23,54 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from services.common.task import TaskSpec
 from services.env.config import EnvConfig
-from services.env.kit.evalset import EvalSet, hash_tasks, recipe_named
-from services.env.kit.seeds import is_eval_seed
-from services.env.maze.maze import eval_seeds, generate_maze, layout_key
+from services.env.kit.evalset import EvalSet, Recipe, build_eval_set, hash_tasks, recipe_named
+from services.env.maze.maze import generate_maze, layout_key
 from services.env.maze.spec import parse_spec
 
 DEFAULT_EVAL_SET = "maze-easy-64"
 
 
-@dataclass(frozen=True)
-class EvalSetRecipe:
-    version: str
-    first_seed: int
-    num_tasks: int
-    size: int
-    max_moves: int
-    recorded_hash: str
-    apart_from: str = ""
-    """Another set whose layouts this one leaves out."""
+def _maze(size: int) -> dict[str, str]:
+    return {"size": str(size)}
 
 
-RECIPES: dict[str, EvalSetRecipe] = {
-    "maze-easy-64": EvalSetRecipe(
-        version="v2", first_seed=1_000_000, num_tasks=64, size=9, max_moves=20,
+RECIPES: dict[str, Recipe] = {
+    "maze-easy-64": Recipe(
+        version="v2", first_seed=1_000_000, num_tasks=64, max_moves=20, options=_maze(9),
         recorded_hash="a74d58370bbd59e0df53cda0b0b6db36b1d0fcdcf1e46333006b237458703072",
     ),
-    "maze-hard-64": EvalSetRecipe(
-        version="v2", first_seed=1_100_000, num_tasks=64, size=11, max_moves=32,
+    "maze-hard-64": Recipe(
+        version="v2", first_seed=1_100_000, num_tasks=64, max_moves=32, options=_maze(11),
         recorded_hash="6675f417c666bb6650d19349b8da6e8a342d85a597c226734aa3ffb21812909c",
     ),
-    "maze-held-out-256": EvalSetRecipe(
-        version="v2", first_seed=1_900_000, num_tasks=256, size=9, max_moves=20, apart_from="maze-easy-64",
+    "maze-held-out-256": Recipe(
+        version="v2", first_seed=1_900_000, num_tasks=256, max_moves=20, options=_maze(9), apart_from="maze-easy-64",
         recorded_hash="103ca109588fcbd5f29b3c13e4501b375dff4d8573b05ecbcbf7340c15cfa63c",
     ),
 }
 
 
+def task_key(spec: TaskSpec) -> bytes:
+    """The layout key of the task's maze."""
+    return layout_key(spec.seed, int(spec.options["size"]))
+
+
+def content_text(spec: TaskSpec) -> str:
+    """The task's generated layout, start and goal included."""
+    settings = parse_spec(spec, EnvConfig())
+    return generate_maze(settings.seed, settings.size, settings.start, settings.goal).layout_text()
+
+
 def content_hash(specs: Sequence[TaskSpec]) -> str:
     """sha256 over every spec (canonical JSON) and its generated layout."""
-    config = EnvConfig()
-
-    def layout_text(spec: TaskSpec) -> str:
-        settings = parse_spec(spec, config)
-        return generate_maze(settings.seed, settings.size, settings.start, settings.goal).layout_text()
-
-    return hash_tasks(specs, layout_text)
+    return hash_tasks(specs, content_text)
 
 
 @functools.cache
 def get_eval_set(name: str = "") -> EvalSet:
     """The eval set called `name` ("" = the default set); KeyError for an unknown name."""
     name = recipe_named(RECIPES, DEFAULT_EVAL_SET, name)
-    recipe = RECIPES[name]
-    exclude: frozenset[bytes] = frozenset()
-    if recipe.apart_from:
-        other = RECIPES[recipe.apart_from]
-        exclude = frozenset(layout_key(spec.seed, other.size) for spec in get_eval_set(recipe.apart_from).specs)
-    specs = tuple(
-        TaskSpec(seed=seed, max_moves=recipe.max_moves, options={"size": str(recipe.size)})
-        for seed in eval_seeds(recipe.first_seed, recipe.num_tasks, recipe.size, exclude=exclude)
-    )
-    assert all(is_eval_seed(spec.seed) for spec in specs)
-    return EvalSet(name=name, version=recipe.version, content_hash=content_hash(specs), specs=specs)
+    return build_eval_set(name, RECIPES, get_eval_set, task_key, content_text)

@@ -27,11 +27,10 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from services.env.kit.grid import DIRECTIONS, Cell, step_cell
-from services.env.kit.seeds import distinct_seeds, is_reserved
+from services.env.kit.seeds import is_reserved
 
 MIN_SIZE = 3
 MAX_SIZE = 12
@@ -146,11 +145,3 @@ def generate_level(seed: int, size: int = DEFAULT_SIZE, pulls: int = DEFAULT_PUL
             continue
         agent = rng.choice(sorted(reachable(floor, agent, box)))
         return Level(seed=seed, size=size, pulls=pulls, walls=walls, target=target, box=box, agent=agent)
-
-
-def distinct_levels(seeds: Iterable[int], count: int, size: int, pulls: int, *, reserved: bool,
-                    exclude: frozenset[bytes] = frozenset()) -> list[int]:
-    """The first `count` of `seeds` whose levels are (reserved=True) or are not reserved for eval,
-    distinct, and not among the `exclude` level keys; ValueError when `seeds` run out first."""
-    return distinct_seeds(seeds, count, lambda seed: level_key(generate_level(seed, size, pulls)),
-                          reserved=reserved, exclude=exclude)
