@@ -78,7 +78,7 @@ def test_runs_an_earlier_demo_left_active_are_stopped_before_a_new_one(monkeypat
             return {"runs": [r for r in runs if r["state"] == state]} if path == "/v1/runs" else {}
 
     api = Listing([])
-    demo.stop_left_running(api)  # type: ignore[arg-type]
+    grpo.stop_left_running(api)  # type: ignore[arg-type]
     assert api.posted == ["GET /v1/runs", "GET /v1/runs", "POST /v1/runs/r-pending/stop",
                           "POST /v1/runs/r-running/stop"]
 

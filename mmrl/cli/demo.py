@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.cli.options import add_overrides, overrides_from
-from mmrl.cli.run import load_config_dict, stop_left_running
-from mmrl.cli.stack import Stack, StackConfig
+from mmrl.cli.run import load_config_dict
 from mmrl.cli.up import DEFAULT_MODEL, ensure_tiny_model
-from mmrl.demo.grpo import print_summary, run_grpo
+from mmrl.demo.grpo import print_summary, run_grpo, stack_for
 from mmrl.demo.starts import sft_checkpoint, shipped_configs
 from mmrl.report.machine import machine_info
 from mmrl.report.plots import write_json
@@ -71,13 +70,8 @@ def main(argv: list[str]) -> int:
         sft_model, sft_wall_s, sft_report = sft_checkpoint(args.sft_config, args.state_dir, args.env, base)
     config = load_config_dict(args.config, {**overrides, "model": str(sft_model.resolve())})
 
-    stack = Stack(StackConfig(model=sft_model.resolve(), state_dir=args.state_dir, lora_rank=config["lora"]["rank"],
-                              resume_runs=False, env_name=args.env))
-    with stack:
-        stack.start()
-        api = stack.client()
-        stop_left_running(api)
-        summary = run_grpo(api, config, out, stack.config.shared_root, args.budget_min, f"GRPO from SFT ({args.env})")
+    with stack_for(sft_model, config, args.state_dir, args.env) as (api, shared_root):
+        summary = run_grpo(api, config, out, shared_root, args.budget_min, f"GRPO from SFT ({args.env})")
     summary.update({
         "env": args.env, "sft_solve_rate": sft_report.get("eval", {}).get("greedy_solve_rate"),
         "sft_updates": sft_report.get("updates"), "sft_checks": sft_report.get("checks"),

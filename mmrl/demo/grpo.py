@@ -12,11 +12,14 @@ The summary's figures (docs/results.md reads them):
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mmrl.cli.run import TERMINAL, ApiClient, watch
+from mmrl.cli.run import TERMINAL, ApiClient, stop_left_running, watch
+from mmrl.cli.stack import Stack, StackConfig
 from mmrl.report.plots import episode_strip, last_eval_within, learning_curve, plot_curve, write_json
 
 LAST_EVALS = 3  # the end figure averages this many evals
@@ -39,6 +42,19 @@ def watch_or_stop(api: ApiClient, run_id: str) -> dict[str, Any]:
     except KeyboardInterrupt:
         run = api.run(run_id)
     return {**run, "interrupted": True}
+
+
+@contextlib.contextmanager
+def stack_for(model: Path, config: dict[str, Any], state_dir: Path, env: str) -> Iterator[tuple[ApiClient, Path]]:
+    """The stack serving `model` for runs of `config` on `env` (runs left by earlier jobs marked stopped);
+    yields its API client and shared root, and stops it after."""
+    stack = Stack(StackConfig(model=model.resolve(), state_dir=state_dir, lora_rank=config["lora"]["rank"],
+                              resume_runs=False, env_name=env))
+    with stack:
+        stack.start()
+        api = stack.client()
+        stop_left_running(api)
+        yield api, stack.config.shared_root
 
 
 def mean_of_last(evals: list[dict[str, Any]], count: int = LAST_EVALS) -> float | None:

@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.cli.demo import add_common_options, resolve_common
-from mmrl.cli.run import load_config_dict, stop_left_running
-from mmrl.cli.stack import Stack, StackConfig
+from mmrl.cli.run import load_config_dict
 from mmrl.cli.up import ensure_tiny_model
 from mmrl.demo.aggregate import aggregate, plot_band
-from mmrl.demo.grpo import print_summary, run_grpo
+from mmrl.demo.grpo import print_summary, run_grpo, stack_for
 from mmrl.demo.starts import sft_checkpoint
 from mmrl.report.machine import machine_info
 from mmrl.report.plots import write_json
@@ -57,17 +56,12 @@ def main(argv: list[str]) -> int:
     machine = machine_info()
     for start in starts:
         config = load_config_dict(args.config, {**overrides, "model": str(start.resolve())})
-        stack = Stack(StackConfig(model=start.resolve(), state_dir=args.state_dir, lora_rank=config["lora"]["rank"],
-                                  resume_runs=False, env_name=args.env))
-        with stack:
-            stack.start()
-            api = stack.client()
-            stop_left_running(api)
+        with stack_for(start, config, args.state_dir, args.env) as (api, shared_root):
             for seed in seeds:
                 run_out = out / f"{start.name}-seed{seed}"
                 print(f"\n== sweep run: start {start}, seed {seed} -> {run_out}", flush=True)
-                summary = run_grpo(api, {**config, "seed": seed}, run_out, stack.config.shared_root,
-                                   args.budget_min, f"GRPO from {start.name}, seed {seed}")
+                summary = run_grpo(api, {**config, "seed": seed}, run_out, shared_root, args.budget_min,
+                                   f"GRPO from {start.name}, seed {seed}")
                 summary.update({"start": str(start), "machine": machine})
                 write_json(run_out / "summary.json", summary)
                 print_summary(summary, args.budget_min)
