@@ -64,7 +64,8 @@ async def _loaded_adapters(address: str) -> list[Any]:
 
 def test_a_short_grpo_run_publishes_loads_and_records_everything(stack: Stack, tiny_model_dir: Path) -> None:
     api = stack.client()
-    run_id = api.start(_config(tiny_model_dir, steps=3, checkpoint_interval=2))["id"]
+    run_id = api.start(_config(tiny_model_dir, steps=3, checkpoint_interval=2,
+                               **{"eval.held_out_set": "maze-held-out-256"}))["id"]
     run = _wait(api, run_id, lambda r: r["state"] == "succeeded")
     assert run["step"] == 3
 
@@ -92,6 +93,10 @@ def test_a_short_grpo_run_publishes_loads_and_records_everything(stack: Stack, t
 
     evals = api.request("GET", f"/v1/runs/{run_id}/evals")["evals"]
     assert [e["step"] for e in evals] == [0, 3]
+    # After the last step, the held-out set is played once more by the final policy.
+    assert "held_out_solve_rate" not in evals[0]
+    assert evals[1]["held_out_set"] == "maze-held-out-256" and evals[1]["held_out_episodes"] == 256
+    assert 0.0 <= evals[1]["held_out_solve_rate"] <= 1.0
     # One sampled episode per maze: solved by at least one is solved.
     assert all(e["sampled_pass_rate"] == e["sampled_solve_rate"] for e in evals)
     for e in evals:  # the greedy solve rate is that of the greedy episodes recorded with the eval
