@@ -28,7 +28,7 @@ from services.common import storage
 from services.common.user_errors import UsageError
 
 KILL_ORDER = ("env", "rollout", "learner", "coordinator", "redis")
-SMALL = {"grpo.group_size": 2, "grpo.tasks_per_step": 2, "grpo.group_sampling": "plain", "env.max_moves": 6,
+SMALL = {"grpo.group_size": 2, "grpo.tasks_per_step": 2, "grpo.group_sampling": "plain", "grpo.max_sampling_rounds": None, "env.max_moves": 6,
          "eval.max_tasks": 2, "eval.sampled_samples": 0, "eval.interval": 1000, "optim.micro_batch_size": 4,
          "sampling.max_tokens": 3, "checkpoint_interval": 1}
 

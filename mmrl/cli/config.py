@@ -119,7 +119,9 @@ def reference_page() -> str:
            "A config file is YAML (or TOML); `mmrl config show FILE` prints one with every setting resolved and "
            "documented, `mmrl config validate FILE` checks it. Every command that reads a config also takes "
            "overrides by dotted path, as `KEY=VALUE` words or `--set KEY=VALUE` (e.g. "
-           "`mmrl run start --config configs/maze-tiny-cpu.yaml grpo.group_size=4`).", ""]
+           "`mmrl run start --config configs/maze-tiny-cpu.yaml grpo.group_size=4`); `KEY=null` puts a setting "
+           "back to its default, e.g. `grpo.group_sampling=plain grpo.max_sampling_rounds=null` on a file that "
+           "sets rounds for dynamic sampling (a setting that does nothing in the chosen variant is refused).", ""]
     for kind in KINDS.values():
         model = _model(kind.model)
         out += [f"## {kind.title[0].upper()}{kind.title[1:]}", "",

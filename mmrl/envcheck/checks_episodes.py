@@ -146,6 +146,12 @@ async def concurrency(ctx: Context) -> str:
         await ctx.probe.close([s.episode_id for s in states])
         return sum(len(h) - 1 for h in histories)
 
-    steps = await asyncio.gather(*(client() for _ in range(NUM_CONCURRENT_CLIENTS)))
+    # every client runs to its end before the check answers, so a failing one leaves no call in flight
+    # to land in the next check
+    answers = await asyncio.gather(*(client() for _ in range(NUM_CONCURRENT_CLIENTS)), return_exceptions=True)
+    failed = [a for a in answers if isinstance(a, BaseException)]
+    if failed:
+        raise failed[0]
+    steps = [a for a in answers if isinstance(a, int)]
     return (f"{NUM_CONCURRENT_CLIENTS} clients x {EPISODES_PER_CLIENT} episodes, {sum(steps)} episode steps, "
             "every answer its own")

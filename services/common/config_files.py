@@ -43,7 +43,7 @@ def parse_config_text(text: str, name: str) -> dict[str, Any]:
 
 def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
     """`["grpo.group_size=4"]` -> {"grpo.group_size": 4}: each value parsed as YAML (`4` an int,
-    `[a, b]` a list, `null` None, anything else as written)."""
+    `[a, b]` a list, `null` None (the setting's default: `apply_overrides`), anything else as written)."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -57,7 +57,9 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Sets each dotted key of `overrides` in the nested mapping `data` (in place; returned)."""
+    """Sets each dotted key of `overrides` in the nested mapping `data` (in place; returned). A value of
+    None removes the key instead, so the setting takes its default: `grpo.max_sampling_rounds=null`
+    undoes a file's setting that another override made idle."""
     for dotted, value in overrides.items():
         node = data
         *parents, leaf = dotted.split(".")
@@ -66,7 +68,10 @@ def apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[
             if not isinstance(node, dict):
                 section = ".".join(parents[: depth + 1])
                 raise UsageError(f"override {dotted}: {section} is a value ({node!r}), not a section of settings")
-        node[leaf] = value
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
     return data
 
 

@@ -9,13 +9,16 @@ passes `mmrl env check` (docs/environments.md).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from services.env.config import EnvConfig
 from services.env.kit.batched import Environment
 from services.env.maze.env import MazeEnv
 from services.env.sokoban.env import SokobanEnv
 
-Factory = Callable[[EnvConfig], Environment]
+if TYPE_CHECKING:  # the env kit imports without pydantic: the tiny model's tokenizer reads env words
+    from services.env.config import EnvConfig
+
+Factory = Callable[["EnvConfig"], Environment]
 
 ENVIRONMENTS: dict[str, Factory] = {
     "maze": MazeEnv,

@@ -34,3 +34,16 @@ def test_the_variant_that_reads_a_setting_takes_it_and_defaults_pass_everywhere(
     assert GrpoSettings.model_validate(stored) == GrpoSettings()
     with pytest.raises(ValidationError, match="not a registered strategy"):
         GrpoSettings(group_sampling="greedy")
+
+
+def test_a_null_override_puts_a_file_setting_back_to_its_default_so_a_variant_can_be_switched() -> None:
+    from pathlib import Path
+
+    from mmrl.cli.run import load_config_dict
+    from services.common.user_errors import UsageError
+
+    shipped = Path(__file__).resolve().parents[2] / "configs" / "maze-tiny-cpu.yaml"
+    with pytest.raises(UsageError, match="max_sampling_rounds does nothing"):
+        load_config_dict(shipped, {"grpo.group_sampling": "plain"})
+    config = load_config_dict(shipped, {"grpo.group_sampling": "plain", "grpo.max_sampling_rounds": None})
+    assert config["grpo"]["max_sampling_rounds"] == GrpoSettings().max_sampling_rounds

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 SMALL = {
-    "grpo.group_size": 2, "grpo.tasks_per_step": 2, "grpo.group_sampling": "plain",
+    "grpo.group_size": 2, "grpo.tasks_per_step": 2, "grpo.group_sampling": "plain", "grpo.max_sampling_rounds": None,
     "env.max_moves": 6, "eval.max_tasks": 4, "eval.sampled_samples": 1, "eval.interval": 100,
     "optim.micro_batch_size": 4, "sampling.max_tokens": 3,
 }

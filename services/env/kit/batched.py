@@ -14,15 +14,17 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from services.common.messages import shown
 from services.common.task import TaskSpec
-from services.env.config import EnvConfig
 from services.env.errors import EnvError, ErrorCode, invalid
 from services.env.kit.evalset import EvalSet
 from services.env.kit.spec import SpecLike
 from services.env.store import EpisodeStore
+
+if TYPE_CHECKING:  # the env kit imports without pydantic: the tiny model's tokenizer reads env words
+    from services.env.config import EnvConfig
 
 
 class ActionLike(Protocol):
@@ -114,6 +116,8 @@ class BatchedEnv(Generic[Prepared, E]):
     INFO: EnvInfo
 
     def __init__(self, config: EnvConfig | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        from services.env.config import EnvConfig  # noqa: PLC0415 (see the import above)
+
         self.config = config or EnvConfig()
         self.store: EpisodeStore[E] = EpisodeStore(self.config.max_live_episodes, self.config.idle_ttl_s, clock=clock)
 

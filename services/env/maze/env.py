@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from services.common.task import TaskSpec
-from services.env.config import EnvConfig
 from services.env.errors import invalid
 from services.env.kit.batched import ActionLike, BatchedEnv, EnvInfo, EpisodeView, named_eval_set, view
 from services.env.kit.evalset import EvalSet
@@ -24,6 +24,9 @@ from services.env.maze.maze import ACTIONS, generate_maze
 from services.env.maze.render import MazeRenderer
 from services.env.maze.spec import EpisodeSettings, parse_spec
 from services.env.maze.tasks import draw_training_seeds
+
+if TYPE_CHECKING:  # the env kit imports without pydantic: the tiny model's tokenizer reads env words
+    from services.env.config import EnvConfig
 
 __all__ = ["ActionLike", "EnvInfo", "EpisodeView", "MazeEnv", "view"]
 

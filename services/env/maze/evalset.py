@@ -25,7 +25,6 @@ import functools
 from collections.abc import Sequence
 
 from services.common.task import TaskSpec
-from services.env.config import EnvConfig
 from services.env.kit.evalset import EvalSet, Recipe, build_eval_set, hash_tasks, recipe_named
 from services.env.maze.maze import generate_maze, layout_key
 from services.env.maze.spec import parse_spec
@@ -60,6 +59,8 @@ def task_key(spec: TaskSpec) -> bytes:
 
 def content_text(spec: TaskSpec) -> str:
     """The task's generated layout, start and goal included."""
+    from services.env.config import EnvConfig  # noqa: PLC0415 (the env kit imports without pydantic)
+
     settings = parse_spec(spec, EnvConfig())
     return generate_maze(settings.seed, settings.size, settings.start, settings.goal).layout_text()
 

@@ -17,15 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from services.common.messages import shown
-from services.env.config import EnvConfig
 from services.env.errors import invalid
 from services.env.kit.grid import Cell
 from services.env.kit.reward import RewardMode, reward_option
 from services.env.kit.spec import SpecLike, check_options_and_seed, int_option
 from services.env.maze.maze import num_cells_per_side, option_flag, parse_cell
 from services.env.maze.render import frame_side
+
+if TYPE_CHECKING:  # the env kit imports without pydantic: the tiny model's tokenizer reads env words
+    from services.env.config import EnvConfig
 
 OPTIONS = ("goal", "require_stop", "reward", "size", "start", "unit_px")
 
