@@ -47,11 +47,18 @@ class StackConfig:
     rollout_args: list[str] = field(default_factory=list)
     learner_model: Path | None = None  # defaults to `model`
     lora_rank: int = 0  # the largest LoRA rank the rollout must serve (vLLM sizes its slots at start); 0: default
-    env_name: str = ""  # the environment `mmrl serve env --env` serves ("" = its default)
+    env_name: str = ""  # the environment `mmrl serve env` serves: registered or a Gymnasium preset ("" = default)
 
     @property
     def shared_root(self) -> Path:
         return self.state_dir / "shared"
+
+
+def env_flags(name: str) -> list[str]:
+    """`mmrl serve env`'s flags that serve `name`: a Gymnasium preset's, else a registered env's."""
+    from services.env.gym.presets import PRESETS
+
+    return ["--gymnasium", name] if name in PRESETS else ["--env", name]
 
 
 class Stack:
@@ -108,7 +115,7 @@ class Stack:
             model = self.config.learner_model or self.config.model
             return cli + ["--model", str(model), "--nproc", str(self.config.learner_nproc)] + shared
         if service == "env" and self.config.env_name:
-            return cli + ["--env", self.config.env_name]
+            return cli + env_flags(self.config.env_name)
         return cli
 
     def _lora_slots(self) -> list[str]:

@@ -9,7 +9,8 @@ per readable action word, a PNG frame and a text per turn.
 - solved: terminated with a positive reward (FrozenLake's goal, MiniGrid's goal; a hole ends the
   episode unsolved);
 - text: what the observation says in words (MiniGrid's mission, integer entries such as its
-  direction, a Discrete observation's value) and the moves left;
+  direction, a Discrete observation's value; a string only when it changed since the last turn, so a
+  mission is told once) and the moves left;
 - state key: a digest of the task and of the env's state as rendered and observed.
 """
 
@@ -41,14 +42,15 @@ def encode_frame(pixels: np.ndarray, longest: int) -> bytes:
     return out.getvalue()
 
 
-def observation_text(obs: Any) -> str:
-    """The observation's words: strings as they are, integers as `name value.`; arrays are left to the frame."""
+def observation_text(obs: Any, told: frozenset[str] = frozenset()) -> str:
+    """The observation's words: strings as they are (those in `told` left out), integers as `name value.`;
+    arrays are left to the frame."""
     if isinstance(obs, str):
-        return obs.rstrip(".") + "."
+        return "" if obs in told else obs.rstrip(".") + "."
     if isinstance(obs, (int, np.integer)):
         return f"Observation {int(obs)}."
     if isinstance(obs, dict):
-        words = [observation_text(v) for v in obs.values() if isinstance(v, str)]
+        words = [observation_text(v) for v in obs.values() if isinstance(v, str) and v not in told]
         numbers = [f"{k} {int(v)}." for k, v in obs.items() if isinstance(v, (int, np.integer))]
         return " ".join(words + numbers)
     return ""
@@ -78,6 +80,7 @@ class GymEpisode:
         self.solved = False
         self.static_info: tuple[tuple[str, Any], ...] = (("env_id", env.spec.id if env.spec else ""),)
         self.obs, _ = env.reset(seed=seed)
+        self.said: frozenset[str] = frozenset()  # the strings the last observation told
         self._observe()
 
     def _observe(self) -> None:
@@ -92,6 +95,8 @@ class GymEpisode:
         word = self.parse(text)
         self.moves += 1
         self.stepped, self.invalid, self.reward = True, word is None, 0.0
+        self.said = frozenset(v for v in (self.obs.values() if isinstance(self.obs, dict) else [self.obs])
+                              if isinstance(v, str))
         env_truncated = False
         if word is not None:
             self.obs, reward, terminated, env_truncated, _ = self.env.step(self.words.index(word))
@@ -104,7 +109,7 @@ class GymEpisode:
             self.env.close()
 
     def text(self) -> str:
-        said = observation_text(self.obs)
+        said = observation_text(self.obs, self.said)
         lead = "Invalid action. " if self.invalid else ""
         return f"{lead}{said + ' ' if said else ''}Moves left: {self.budget - self.moves}."
 

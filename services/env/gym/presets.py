@@ -56,14 +56,15 @@ def frozen_lake_map(seed: int, size: int = 4) -> dict[str, Any]:
 
 
 PRESETS: dict[str, GymSource] = {
-    # The agent's start cell and heading vary with the seed; the goal is the far corner. 96 px: one
-    # image token per cell of the 6x6 room (walls included).
+    # The agent's start cell and heading vary with the seed; the goal is the far corner. 48 px: 8 px a
+    # cell of the 6x6 room (walls included), one patch of the tiny model's vision tower, 9 image tokens.
     "minigrid-empty-6x6": GymSource(
-        name="minigrid-empty-6x6", env_id="MiniGrid-Empty-Random-6x6-v0", kwargs={"tile_size": 16},
-        action_words=("left", "right", "forward"), frame_px=96, max_moves=12),
-    # A new 4x4 map (holes and all) per seed, not slippery: the frame shows where the holes are.
+        name="minigrid-empty-6x6", env_id="MiniGrid-Empty-Random-6x6-v0", kwargs={"tile_size": 8},
+        action_words=("left", "right", "forward"), frame_px=48, max_moves=12),
+    # A new 4x4 map (holes and all) per seed, not slippery: the frame shows where the holes are. 32 px:
+    # 8 px a cell, 4 image tokens.
     "frozenlake-4x4": GymSource(
-        name="frozenlake-4x4", env_id="FrozenLake-v1", kwargs={"is_slippery": False}, frame_px=64, max_moves=10,
+        name="frozenlake-4x4", env_id="FrozenLake-v1", kwargs={"is_slippery": False}, frame_px=32, max_moves=10,
         seed_kwargs=frozen_lake_map),
 }
 

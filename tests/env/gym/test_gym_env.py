@@ -96,7 +96,7 @@ def test_an_unreadable_action_costs_a_move_and_says_so() -> None:
     (state,) = env.create([TaskSpec(3)])
     assert state.text == "get to the green goal square. direction 0. Moves left: 12."
     (after,) = env.step([_act(state.episode_id, "jump")])
-    assert after.info["invalid"] and after.text == "Invalid action. get to the green goal square. direction 0. Moves left: 11."
+    assert after.info["invalid"] and after.text == "Invalid action. direction 0. Moves left: 11."  # the mission once
     assert after.frame_png == state.frame_png
 
 
