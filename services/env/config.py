@@ -94,8 +94,13 @@ class ServerSettings(BaseSettings):
     gymnasium_kwargs: dict[str, Any] = Field(default_factory=dict)
     """With `gymnasium`: gymnasium.make() keyword arguments, as JSON (MMRL_ENV_GYMNASIUM_KWARGS)."""
     action_words: str = ""
-    """With `gymnasium`: comma-separated words for actions 0, 1, ... (default: the env's own names)
-    (MMRL_ENV_ACTION_WORDS)."""
+    """With `gymnasium`: comma-separated words for actions 0, 1, ... (default: the env's own names); with
+    `openenv`: the words of its text actions (MMRL_ENV_ACTION_WORDS)."""
+    openenv: str = Field(default="", max_length=500)
+    """An OpenEnv server played instead of `env`: its URL, e.g. http://127.0.0.1:8010, one session per
+    episode (docs/environments.md; MMRL_ENV_OPENENV)."""
+    openenv_action_field: str = Field(default="message", min_length=1, max_length=100)
+    """With `openenv`: the action's field that carries the text (MMRL_ENV_OPENENV_ACTION_FIELD)."""
     host: str = "0.0.0.0"
     """Address to listen on (MMRL_ENV_HOST)."""
     port: int = Field(default=50051, ge=0, le=65535)

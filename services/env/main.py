@@ -1,5 +1,6 @@
 """`mmrl serve env`: serve an environment over gRPC (`--env NAME`, one of services/env/registry.py;
-the maze by default; or `--gymnasium ID` [--kwargs JSON] [--action-words w1,w2], a Gymnasium env).
+the maze by default; or `--gymnasium ID` [--kwargs JSON] [--action-words w1,w2], a Gymnasium env; or
+`--openenv URL --action-words w1,w2`, an OpenEnv server's env).
 
 Every option is also an environment variable (`config.ServerSettings`, MMRL_ENV_*); flags override
 them. The environment's limits come from a YAML or TOML file (`--config`, `config.EnvConfig`), and
@@ -35,7 +36,16 @@ async def serve(address: str, env: Environment) -> None:
 
 
 def environment(settings: ServerSettings, config: EnvConfig) -> Environment:
-    """The Gymnasium env or preset `settings.gymnasium` names, else the registered env `settings.env`."""
+    """The OpenEnv server `settings.openenv` names, the Gymnasium env or preset `settings.gymnasium`
+    names, else the registered env `settings.env`."""
+    if settings.openenv:
+        from services.env.openenv.played import OpenEnvEnv, OpenEnvSource
+
+        words = tuple(w.strip() for w in settings.action_words.split(",") if w.strip())
+        try:
+            return OpenEnvEnv(OpenEnvSource(settings.openenv, "openenv", words, settings.openenv_action_field), config)
+        except ValueError as exc:
+            raise UsageError(f"--openenv {settings.openenv}: {exc}") from exc
     if not settings.gymnasium:
         return registry.create(settings.env, config)
     try:

@@ -12,20 +12,16 @@ source's). max_moves 0 means the source's budget. Declares `state_keys`, never `
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import os
 from typing import Any
 
-from services.common.task import TaskSpec
 from services.env.config import EnvConfig
 from services.env.errors import invalid
-from services.env.gym.episode import GymEpisode, observation_text
+from services.env.gym.episode import GymEpisode
 from services.env.gym.presets import GymSource, action_names, import_registering_module
 from services.env.kit.actions import word_parser
-from services.env.kit.batched import BatchedEnv, EnvInfo, named_eval_set
-from services.env.kit.evalset import EvalSet, hash_tasks
-from services.env.kit.seeds import EVAL_SEED_MIN, draw_training_seeds
+from services.env.kit.batched import EnvInfo
+from services.env.kit.seeded import SeedRangeEnv
 from services.env.kit.spec import SpecLike, check_max_moves, check_options_and_seed, int_option
 
 OPTIONS = ("frame_px",)
@@ -64,7 +60,7 @@ def check_source(source: GymSource) -> tuple[str, ...]:
         env.close()
 
 
-class GymnasiumEnv(BatchedEnv[tuple[int, int, int], GymEpisode]):
+class GymnasiumEnv(SeedRangeEnv[tuple[int, int, int], GymEpisode]):
     """Batched episodes of one Gymnasium environment."""
 
     def __init__(self, source: GymSource, config: EnvConfig | None = None) -> None:
@@ -72,8 +68,10 @@ class GymnasiumEnv(BatchedEnv[tuple[int, int, int], GymEpisode]):
         self.source = source
         words = check_source(source)
         self.parse = word_parser(words)
+        self.eval_set_name, self.num_eval_tasks = f"{source.name}-eval-{source.num_eval_tasks}", source.num_eval_tasks
+        self.eval_max_moves = source.max_moves
         self.INFO = EnvInfo(name=source.name, actions=words, capabilities=("state_keys",),
-                            eval_sets=(f"{source.name}-eval-{source.num_eval_tasks}",))
+                            eval_sets=(self.eval_set_name,))
 
     def _prepare(self, spec: SpecLike, where: str) -> tuple[int, int, int]:
         """(seed, budget, frame_px) of a valid spec; INVALID_ARGUMENT naming the field otherwise."""
@@ -89,29 +87,5 @@ class GymnasiumEnv(BatchedEnv[tuple[int, int, int], GymEpisode]):
         return GymEpisode(make_env(self.source, seed), seed, budget, self.INFO.actions, self.parse, frame_px,
                           task=f"{self.source.name}/{seed}/{frame_px}")
 
-    def training_tasks(self, seed: str, count: int, max_moves: int, options: dict[str, str]) -> list[TaskSpec]:
-        """`count` distinct training seeds drawn from `seed`, below the range reserved for eval sets."""
-        self.check_count(count)
-        self._prepare(TaskSpec(seed=0, max_moves=max_moves, options=dict(options)), "request")
-        return [TaskSpec(seed=s, max_moves=max_moves, options=dict(options))
-                for s in draw_training_seeds(seed, count, reserved=lambda s: False)]
-
-    def eval_set(self, name: str = "") -> EvalSet:
-        return named_eval_set(self._eval_set, name)
-
-    @functools.cache  # noqa: B019 - one env object per server; its eval set is made once
-    def _eval_set(self, name: str) -> EvalSet:
-        (known,) = self.INFO.eval_sets
-        if name not in ("", known):
-            raise KeyError(f"unknown eval set {name!r} (known: {known})")
-        specs = tuple(TaskSpec(seed=EVAL_SEED_MIN + i, max_moves=self.source.max_moves)
-                      for i in range(self.source.num_eval_tasks))
-        return EvalSet(known, "v1", hash_tasks(specs, self._first_observation), specs)
-
-    def _first_observation(self, spec: TaskSpec) -> str:
-        """What a task shows first (its frame's digest and its text): the content an eval set's hash covers."""
-        episode = self._start(self._prepare(spec, "spec"))
-        try:
-            return hashlib.sha256(episode.frame()).hexdigest() + " " + observation_text(episode.obs)
-        finally:
-            episode.env.close()
+    def _discard(self, episode: GymEpisode) -> None:
+        episode.env.close()
