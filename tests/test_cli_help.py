@@ -44,7 +44,7 @@ def test_a_command_group_lists_its_commands_and_exits_0(group: str, capsys: pyte
 
 def test_a_group_without_its_command_is_one_line_and_exit_status_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["serve"]) == 2
-    assert capsys.readouterr().err == ("mmrl serve: a command is needed: one of env, rollout, learner, coordinator "
+    assert capsys.readouterr().err == ("mmrl serve: a command is needed: one of env, openenv, rollout, learner, coordinator "
                                        "(`mmrl serve --help`)\n")
     assert cli.main(["bench", "envv"]) == 2
     assert capsys.readouterr().err.startswith("mmrl bench: unknown command 'envv': one of env, rollout")

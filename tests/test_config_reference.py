@@ -20,7 +20,7 @@ def test_the_committed_reference_page_is_the_generated_one() -> None:
 
 def test_the_page_covers_both_config_files_and_every_service() -> None:
     page = PAGE.read_text()
-    assert set(KINDS) == {"run", "sft"} and set(SERVICES) == {"coordinator", "learner", "rollout", "env"}
+    assert set(KINDS) == {"run", "sft"} and set(SERVICES) == {"coordinator", "learner", "rollout", "env", "openenv"}
     for heading in ("## Run config", "## SFT config", *(f"### `mmrl serve {s}`" for s in SERVICES)):
         assert f"\n{heading}\n" in page, heading
     for setting in walk(RunConfig):

@@ -66,6 +66,7 @@ SERVICES = {
                                           ("services.rollout.config:RolloutConfig", "config.")]),
     "env": ("services.env.main", [("services.env.config:ServerSettings", ""),
                                   ("services.env.config:EnvConfig", "config.")]),
+    "openenv": ("services.env.openenv.main", [("services.env.openenv.main:OpenEnvSettings", "")]),
 }
 
 

@@ -19,14 +19,16 @@ from mmrl.demo.starts import sft_checkpoint, shipped_configs
 from mmrl.report.machine import machine_info
 from mmrl.report.plots import write_json
 from services.env import registry
+from services.env.gym.presets import PRESETS
 
 
 def add_common_options(parser: argparse.ArgumentParser, job: str) -> None:
     """The options `mmrl demo` and `mmrl sweep` share."""
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL,
                         help="base model (the tiny model is built there if missing)")
-    parser.add_argument("--env", choices=registry.names(), default="maze",
-                        help="the environment: picks the shipped --config and --sft-config (default maze)")
+    parser.add_argument("--env", choices=(*registry.names(), *PRESETS), default="maze",
+                        help="the environment, registered or a Gymnasium preset: picks the shipped --config and "
+                             "--sft-config (default maze)")
     parser.add_argument("--sft-config", type=Path, help="SFT config of the warm start (default: "
                                                         "configs/sft-<env>-tiny.yaml)")
     parser.add_argument("--config", type=Path, help="GRPO run config (default: configs/<env>-tiny-cpu.yaml)")

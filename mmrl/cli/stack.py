@@ -47,11 +47,19 @@ class StackConfig:
     rollout_args: list[str] = field(default_factory=list)
     learner_model: Path | None = None  # defaults to `model`
     lora_rank: int = 0  # the largest LoRA rank the rollout must serve (vLLM sizes its slots at start); 0: default
-    env_name: str = ""  # the environment `mmrl serve env --env` serves ("" = its default)
+    env_name: str = ""  # the environment `mmrl serve env` serves: registered or a Gymnasium preset ("" = default)
+    env_addr: str = ""  # host:port of an env server already running: the stack starts none and uses it
 
     @property
     def shared_root(self) -> Path:
         return self.state_dir / "shared"
+
+
+def env_flags(name: str) -> list[str]:
+    """`mmrl serve env`'s flags that serve `name`: a Gymnasium preset's, else a registered env's."""
+    from services.env.gym.presets import PRESETS
+
+    return ["--gymnasium", name] if name in PRESETS else ["--env", name]
 
 
 class Stack:
@@ -78,6 +86,8 @@ class Stack:
         return f"http://{self.config.host}:{self.metrics_ports[service]}/metrics"
 
     def address(self, service: str) -> str:
+        if service == "env" and self.config.env_addr:
+            return self.config.env_addr
         return f"{self.config.host}:{self.ports[service]}"
 
     def environment(self) -> dict[str, str]:
@@ -108,7 +118,7 @@ class Stack:
             model = self.config.learner_model or self.config.model
             return cli + ["--model", str(model), "--nproc", str(self.config.learner_nproc)] + shared
         if service == "env" and self.config.env_name:
-            return cli + ["--env", self.config.env_name]
+            return cli + env_flags(self.config.env_name)
         return cli
 
     def _lora_slots(self) -> list[str]:
@@ -125,6 +135,11 @@ class Stack:
         self.config.shared_root.mkdir(parents=True, exist_ok=True)
         if "coordinator" in services:
             self._ensure_redis(logs)
+        if "env" in services and self.config.env_addr:  # someone else's env server: wait for it, start none
+            services = tuple(s for s in services if s != "env")
+            self._wait_external_env()
+            if log:
+                print(f"env at {self.config.env_addr} is healthy (not started here)", flush=True)
         for service in services:
             handle = open(logs / f"{service}.log", "ab")  # noqa: SIM115 - owned by the child process
             self.procs[service] = subprocess.Popen(self.command(service), stdout=handle,
@@ -149,6 +164,14 @@ class Stack:
         self.procs["redis"] = start_redis(port, data_dir=self.config.state_dir / "redis",
                                           log_path=logs / "redis.log")
         self.redis_url = f"redis://127.0.0.1:{port}/0"
+
+    def _wait_external_env(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S["env"]
+        while not asyncio.run(check_health(self.config.env_addr)):
+            if time.monotonic() > deadline:
+                raise StackError(f"no env server is healthy at {self.config.env_addr} "
+                                 f"(waited {STARTUP_TIMEOUT_S['env']:.0f} s)")
+            time.sleep(0.5)
 
     def wait_healthy(self, service: str) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S[service]

@@ -82,19 +82,27 @@ async def bad_actions(ctx: Context) -> str:
 
 
 async def turn_limit(ctx: Context) -> str:
-    """An episode with max_moves=3 playing the first action word is done within 3 moves, truncated
-    when it ends at its budget, not truncated when it ends before."""
+    """An episode with max_moves=3 playing the first action word is done within 3 moves, not truncated
+    when it ends before its budget. Ending on the third move it is truncated unless its task ended by
+    itself then, which an episode of the same task with 2 moves more shows: done on the same move with
+    the same actions (terminated, not truncated, when both happen; docs/environments.md)."""
     info = await ctx.info()
-    state = (await ctx.probe.create([_budgeted(await ctx.task(), TURN_LIMIT)]))[0]
+    budgeted, roomy = await ctx.probe.create([_budgeted(await ctx.task(), TURN_LIMIT),
+                                              _budgeted(await ctx.task(), TURN_LIMIT + 2)])
     for move in range(1, TURN_LIMIT + 1):
-        state = (await ctx.probe.step([(state.episode_id, info.actions[0])]))[0]
-        if state.done:
-            if move == TURN_LIMIT and not state.truncated:
-                raise CheckFailed(f"done after the {TURN_LIMIT}-move budget was spent, but not truncated")
-            if move < TURN_LIMIT and state.truncated:
+        budgeted, roomy = await ctx.probe.step([(budgeted.episode_id, info.actions[0]),
+                                                (roomy.episode_id, info.actions[0])])
+        if budgeted.done:
+            if move < TURN_LIMIT and budgeted.truncated:
                 raise CheckFailed(f"truncated after {move} of {TURN_LIMIT} moves")
+            if move == TURN_LIMIT and budgeted.truncated == (roomy.done and not roomy.truncated):
+                raise CheckFailed(
+                    f"done after the {TURN_LIMIT}-move budget was spent, "
+                    + ("truncated, but the task ended by itself then (with 2 moves more it is done on the same "
+                       "move): report it terminated" if budgeted.truncated else
+                       "but not truncated, while with 2 moves more the episode goes on"))
             return (f"max_moves {TURN_LIMIT}: done after {move} moves "
-                    f"({'truncated' if state.truncated else 'terminated'})")
+                    f"({'truncated' if budgeted.truncated else 'terminated'})")
     raise CheckFailed(f"not done after {TURN_LIMIT} moves with max_moves {TURN_LIMIT}")
 
 

@@ -119,6 +119,10 @@ class TrainSettings(_Settings):
                                                          "rank's random number generators.")
     total_steps: int | None = Field(None, ge=1, description="Optimiser steps of the whole run: the length "
                                                             "of the cosine schedule (required for it).")
+    action_sequences: tuple[tuple[int, ...], ...] = Field(
+        (), description="Constrained actions (sampling.actions): each action word's token ids and the "
+                        "end-of-turn token; every log-prob is renormalised over the tokens they allow "
+                        "(services/common/constrained.py). Empty: free text.")
 
     @model_validator(mode="after")
     def _schedule(self) -> Self:

@@ -49,6 +49,10 @@ class SamplingSettings(_Strict):
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature (0 = greedy; at most 2, vLLM's bound).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     max_tokens: int = Field(8, ge=1, le=4096, description="Token budget of one action.")
+    actions: Literal["free", "constrained"] = Field(
+        "free", description="'free': any text; 'constrained': the rollout generates only the env's action words "
+                            "(then <|im_end|>), and every log-prob, the learner's too, is renormalised over the "
+                            "tokens allowed where it stands (services/common/constrained.py); evals too.")
 
 
 class GrpoSettings(_Strict):
@@ -212,11 +216,12 @@ class RunConfig(_Strict):
     def turn_limit(self) -> int:
         return self.max_turns or self.env.max_moves
 
-    def train_settings(self) -> TrainSettings:
+    def train_settings(self, action_sequences: tuple[tuple[int, ...], ...] = ()) -> TrainSettings:
         """What the learner trains this run with (sent with ConfigureRun); the cosine schedule spans
-        the run's optimiser steps."""
+        the run's optimiser steps; `action_sequences`: the constrained actions' mask, if any."""
         total = self.steps * self.optim.steps_per_train_step if self.optim.lr_schedule == "cosine" else None
-        return TrainSettings(lora=self.lora, optim=self.optim, loss=self.loss, seed=self.seed, total_steps=total)
+        return TrainSettings(lora=self.lora, optim=self.optim, loss=self.loss, seed=self.seed, total_steps=total,
+                             action_sequences=action_sequences)
 
 
 def load_run_config(path: Path, overrides: dict[str, Any] | None = None) -> RunConfig:

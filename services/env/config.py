@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -88,6 +88,19 @@ class ServerSettings(BaseSettings):
     env: str = Field(default="maze", min_length=1, max_length=100)
     """The environment served, by its name in services/env/registry.py: "maze" (docs/env.md),
     "sokoban" (docs/sokoban.md) (MMRL_ENV_ENV)."""
+    gymnasium: str = Field(default="", max_length=200)
+    """A Gymnasium environment served instead of `env`: a preset ("minigrid-empty-6x6", "frozenlake-4x4")
+    or any Gymnasium id that renders rgb_array frames (docs/environments.md; MMRL_ENV_GYMNASIUM)."""
+    gymnasium_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """With `gymnasium`: gymnasium.make() keyword arguments, as JSON (MMRL_ENV_GYMNASIUM_KWARGS)."""
+    action_words: str = ""
+    """With `gymnasium`: comma-separated words for actions 0, 1, ... (default: the env's own names); with
+    `openenv`: the words of its text actions (MMRL_ENV_ACTION_WORDS)."""
+    openenv: str = Field(default="", max_length=500)
+    """An OpenEnv server played instead of `env`: its URL, e.g. http://127.0.0.1:8010, one session per
+    episode (docs/environments.md; MMRL_ENV_OPENENV)."""
+    openenv_action_field: str = Field(default="message", min_length=1, max_length=100)
+    """With `openenv`: the action's field that carries the text (MMRL_ENV_OPENENV_ACTION_FIELD)."""
     host: str = "0.0.0.0"
     """Address to listen on (MMRL_ENV_HOST)."""
     port: int = Field(default=50051, ge=0, le=65535)

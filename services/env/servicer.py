@@ -53,9 +53,10 @@ def fill_state(state: env_pb2.EpisodeState, episode: EpisodeView) -> None:
     """Writes `episode` into an empty EpisodeState in place (`response.episodes.add()`): building
     nested messages in place avoids the copies that constructor arguments make."""
     state.episode_id = episode.episode_id
-    image = state.observation.images.add()
-    image.data = episode.frame_png
-    image.mime_type = PNG_MIME
+    if episode.frame_png:  # a text-only observation has none
+        image = state.observation.images.add()
+        image.data = episode.frame_png
+        image.mime_type = PNG_MIME
     state.observation.text = episode.text
     state.reward = episode.reward
     state.done = episode.done

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from services.common.constrained import ActionMask, generated_prefixes
 from services.common.trajectory import Trajectory
 
 
@@ -59,6 +60,7 @@ class PreparedTrajectory:
     image_grid_thw: torch.Tensor | None  # [num_images, 3] long
     weight: float = 1.0
     image_keys: tuple[bytes, ...] = ()  # one content digest per image (`FrameProcessor.keyed`)
+    allowed: torch.Tensor | None = None  # [T, A] long: constrained actions' allowed tokens per position, -1 pad
 
     @property
     def num_tokens(self) -> int:
@@ -92,6 +94,7 @@ class PolicyBatch:
     advantages: torch.Tensor  # [B, K] float
     weights: torch.Tensor  # [B] float: 1 for real trajectories, 0 for padding copies
     image_keys: list[bytes] = field(default_factory=list)  # one content digest per image, in order
+    allowed: torch.Tensor | None = None  # [B, K, A] long: the tokens a constrained action allowed there, -1 pad
     image_features: Any = None  # the vision tower's outputs for these images (services/learner/image_features.py)
 
     def model_inputs(self, device: torch.device | str) -> dict[str, Any]:
@@ -191,9 +194,12 @@ def _frame_processor(frames: FrameProcessor | Any) -> FrameProcessor:
     return frames if isinstance(frames, FrameProcessor) else FrameProcessor(frames)
 
 
-def prepare_trajectory(traj: Trajectory, spec: ModelSpec, frames: FrameProcessor | Any) -> PreparedTrajectory:
+def prepare_trajectory(traj: Trajectory, spec: ModelSpec, frames: FrameProcessor | Any,
+                       mask: ActionMask | None = None) -> PreparedTrajectory:
     """Validates `traj` against the model and turns it into tensors; raises ValueError naming it.
-    `frames` is a FrameProcessor or the model's HF image processor."""
+    `frames` is a FrameProcessor or the model's HF image processor. With `mask` (constrained actions)
+    every generated token must be one the mask allows where it stands, and the allowed tokens of each
+    position come along."""
     frames = _frame_processor(frames)
     name = f"trajectory {traj.trajectory_id!r}"
     traj.validate()
@@ -229,6 +235,7 @@ def prepare_trajectory(traj: Trajectory, spec: ModelSpec, frames: FrameProcessor
                     f"makes {expected} (grid {thw}); send the engine-expanded token ids"
                 )
     return PreparedTrajectory(
+        allowed=None if mask is None else _allowed_tokens(traj, mask, name),
         trajectory_id=traj.trajectory_id,
         input_ids=torch.tensor(ids, dtype=torch.long),
         loss_mask=torch.tensor(traj.loss_mask, dtype=torch.float32),
@@ -240,6 +247,26 @@ def prepare_trajectory(traj: Trajectory, spec: ModelSpec, frames: FrameProcessor
     )
 
 
+def _allowed_tokens(traj: Trajectory, mask: ActionMask, name: str) -> torch.Tensor:
+    """[T, A]: at each generated position the tokens `mask` allows there (-1 pad), elsewhere the token itself
+    (its log-prob is then 0 and never trained on)."""
+    rows: list[tuple[int, ...]] = []
+    for position, (token, prefix) in enumerate(zip(traj.token_ids, generated_prefixes(traj.token_ids, traj.loss_mask),
+                                                   strict=True)):
+        if prefix is None:
+            rows.append((token,))
+            continue
+        allowed = mask.allowed(prefix)
+        if token not in allowed:
+            raise ValueError(f"{name}: generated token {token} at position {position} is not one the constrained "
+                             f"actions allow there ({list(allowed)})")
+        rows.append(allowed)
+    out = torch.full((len(rows), max(len(r) for r in rows)), -1, dtype=torch.long)
+    for position, row in enumerate(rows):
+        out[position, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out
+
+
 def _on_generated(values: Sequence[float], loss_mask: Sequence[int]) -> torch.Tensor:
     """`values` where the loss mask is 1, else 0: values the contract leaves free (NaN, inf) on
     positions not trained on must not reach the loss, where 0 x NaN would still be NaN."""
@@ -247,7 +274,7 @@ def _on_generated(values: Sequence[float], loss_mask: Sequence[int]) -> torch.Te
 
 
 def prepare_batch(
-    trajectories: Sequence[Trajectory], spec: ModelSpec, frames: FrameProcessor | Any
+    trajectories: Sequence[Trajectory], spec: ModelSpec, frames: FrameProcessor | Any, mask: ActionMask | None = None
 ) -> list[PreparedTrajectory]:
     """`prepare_trajectory` on each; errors name the trajectory's index and id. Empty -> error."""
     frames = _frame_processor(frames)
@@ -256,7 +283,7 @@ def prepare_batch(
     prepared = []
     for index, traj in enumerate(trajectories):
         try:
-            prepared.append(prepare_trajectory(traj, spec, frames))
+            prepared.append(prepare_trajectory(traj, spec, frames, mask))
         except ValueError as exc:
             raise ValueError(f"trajectory #{index}: {exc}") from exc
     return prepared
@@ -279,6 +306,15 @@ def collate(items: Sequence[PreparedTrajectory], pad_token_id: int, image_token_
         full_logprobs[row, :n] = item.rollout_logprobs
         full_advantages[row, :n] = item.advantages
     target_cols = torch.nonzero(full_mask.any(dim=0)).squeeze(1)
+    allowed = None
+    if any(item.allowed is not None for item in items):
+        assert all(item.allowed is not None for item in items), "a micro-batch is constrained throughout or not"
+        parts = [item.allowed for item in items if item.allowed is not None]
+        full_allowed = torch.full((num_rows, width, max(part.shape[1] for part in parts)), -1)
+        full_allowed[:, :, 0] = input_ids  # padding: the token itself (log-prob 0, never trained on)
+        for row, (item, part) in enumerate(zip(items, parts, strict=True)):
+            full_allowed[row, : item.num_tokens, : part.shape[1]] = part
+        allowed = full_allowed[:, target_cols]
     pixel_parts = [item.pixel_values for item in items if item.pixel_values is not None]
     grid_parts = [item.image_grid_thw for item in items if item.image_grid_thw is not None]
     return PolicyBatch(
@@ -294,4 +330,5 @@ def collate(items: Sequence[PreparedTrajectory], pad_token_id: int, image_token_
         advantages=full_advantages[:, target_cols],
         weights=torch.tensor([item.weight for item in items]),
         image_keys=[key for item in items for key in item.image_keys],
+        allowed=allowed,
     )

@@ -118,7 +118,7 @@ class LearnerDriver:
         self._require(run_id)
         assert self.engine.run is not None
         start = time.perf_counter()
-        prepared = prepare_batch(trajectories, self.engine.spec, self.engine.frames)
+        prepared = prepare_batch(trajectories, self.engine.spec, self.engine.frames, self.engine.action_mask)
         groups = split_minibatches(len(prepared), self.engine.run.config.optim.num_minibatches)
         totals = tuple(BatchTotals.of([prepared[i] for i in group]) for group in groups)
         # plans[j][rank] = [(index into the batch, is_padding), ...]
@@ -273,7 +273,7 @@ def worker_loop(engine: LearnerEngine) -> None:
             shards = scatter_objects(None, ctx)
             minibatches = []
             for shard, totals in zip(shards, command.totals, strict=True):
-                items = [prepare_trajectory(traj, engine.spec, engine.frames) for traj, _ in shard]
+                items = [prepare_trajectory(traj, engine.spec, engine.frames, engine.action_mask) for traj, _ in shard]
                 minibatches.append(
                     MiniBatch(
                         [

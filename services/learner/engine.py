@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from services.common import adapter_probe, storage
+from services.common.constrained import ActionMask
 from services.common.training import TrainSettings
 from services.learner import checkpoint as ckpt
 from services.learner import image_features
@@ -98,6 +99,13 @@ class LearnerEngine:
         assert self.run is not None
         run = self.run
         return LearnerState(run.run_id, run.step, run.adapter_version, run.restored_from, run.train_steps)
+
+    @property
+    def action_mask(self) -> ActionMask | None:
+        """The run's constrained actions (its settings' action sequences), None for free text."""
+        assert self.run is not None
+        sequences = self.run.config.action_sequences
+        return ActionMask(sequences) if sequences else None
 
     def trainable_shapes(self) -> dict[str, torch.Size]:
         assert self.run is not None

@@ -129,6 +129,11 @@ def token_logprobs(
         H[b, k]    = -sum_v p_v log p_v  of the same distribution
 
     Logits are computed only at the K needed positions and upcast to float32 before the softmax.
+    With constrained actions (`batch.allowed`, services/common/constrained.py) both are of the
+    distribution renormalised over the tokens allowed there:
+
+        logp[b, k] = z[b, c_k - 1][x[b, c_k]] - logsumexp_{a in A[b, k]} z[b, c_k - 1][a]
+
     Returns ([B, K], [B, K] or None); rows or columns that are not generated hold values for
     whatever token is there (the caller masks them).
     """
@@ -136,12 +141,28 @@ def token_logprobs(
     output = model(**batch.model_inputs(device), logits_to_keep=positions, use_cache=False)
     logits = output.logits.float()  # [B, K, V]
     targets = batch.input_ids.to(device)[:, batch.target_cols.to(device)]  # [B, K]
+    if batch.allowed is not None:
+        return _constrained_logprobs(logits, targets, batch.allowed.to(device), with_entropy)
     log_probs = torch.log_softmax(logits, dim=-1)
     logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = None
     if with_entropy:
         detached = log_probs.detach()
         entropy = -(detached.exp() * detached).sum(-1)
+    return logprobs, entropy
+
+
+def _constrained_logprobs(logits: torch.Tensor, targets: torch.Tensor, allowed: torch.Tensor,
+                          with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`token_logprobs` over the allowed tokens only: logits [B, K, V], targets [B, K], allowed [B, K, A]."""
+    valid = allowed >= 0
+    z = logits.gather(-1, allowed.clamp(min=0)).masked_fill(~valid, float("-inf"))  # [B, K, A]
+    log_norm = torch.logsumexp(z, dim=-1)
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
+    entropy = None
+    if with_entropy:
+        log_p = (z.detach() - log_norm.detach().unsqueeze(-1)).masked_fill(~valid, 0.0)
+        entropy = -(log_p.exp() * log_p).masked_fill(~valid, 0.0).sum(-1)
     return logprobs, entropy
 
 

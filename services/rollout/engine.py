@@ -27,6 +27,8 @@ class Sampling:
     stop_token_ids: tuple[int, ...] = ()
     n: int = 1
     seed: int | None = None
+    allowed_sequences: tuple[tuple[int, ...], ...] = ()
+    """Constrained actions: the mask's sequences (services/common/constrained.py); () = free text."""
 
 
 @dataclass(frozen=True)

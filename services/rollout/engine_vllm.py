@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from PIL import Image
 
+from services.common.constrained import ActionMask
 from services.rollout.config import RolloutConfig
 from services.rollout.engine import AdapterRef, Completion, EngineRequest, EngineResult, ModelInfo, Sampling
 from services.rollout.errors import FailedPrecondition, InvalidArgument, RolloutError, Unavailable
@@ -46,6 +47,8 @@ def engine_args(config: RolloutConfig) -> Any:
     """vLLM AsyncEngineArgs for `config` (grouped LoRA kernels and sleep mode where they apply)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.platforms import current_platform
+
+    from services.rollout import constrained
 
     on_cpu = current_platform.is_cpu()
     config.check_backend(on_cpu)
@@ -75,6 +78,7 @@ def engine_args(config: RolloutConfig) -> Any:
         enable_sleep_mode=current_platform.is_sleep_mode_available(),
         worker_extension_cls=WORKER_EXTENSIONS[config.one_pass_mrope, grouped_lora],
         disable_log_stats=not config.engine_metrics,  # on: vLLM's Prometheus metrics (services/rollout/metrics.py)
+        logits_processors=[constrained.PROCESSOR],  # acts only on constrained requests
     )
 
 
@@ -174,7 +178,7 @@ class VllmEngine:
             if _is_engine_dead(error):
                 raise Unavailable("the vLLM engine died during generation") from error
             raise
-        return [_result(output) for output in outputs]
+        return [_result(output, request.sampling) for output, request in zip(outputs, requests, strict=True)]
 
     async def _generate_one(self, request_id: str, index: int, request: EngineRequest, params: Any) -> Any:
         """Renders one request (image placeholders expanded), checks its length, runs it; requests are
@@ -325,14 +329,22 @@ def _placeholder_token_ids(hf_config: Any) -> tuple[int, ...]:
 def _sampling_params(s: Sampling, banned_token_ids: tuple[int, ...] = ()) -> Any:
     """vLLM sampling parameters. `banned_token_ids` get a -100 logit bias (never sampled); the
     reported log-probs are the raw model log-probs (before logits processors), which is what the
-    learner recomputes."""
+    learner recomputes. Constrained actions: the mask rides in `extra_args` to the logits processor,
+    and the raw log-probs of all the mask's tokens come back so `_result` can renormalise them."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
+    from services.rollout import constrained
+
+    constrained_args: dict[str, Any] = {"logprobs": 0}
+    if s.allowed_sequences:
+        mask = ActionMask(s.allowed_sequences)
+        constrained_args = {"logprobs": None, "logprob_token_ids": list(mask.tokens),
+                            "extra_args": {constrained.EXTRA_ARG: mask.to_lists()}}
     return SamplingParams(
         n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
-        stop=list(s.stop), stop_token_ids=list(s.stop_token_ids), seed=s.seed, logprobs=0,
+        stop=list(s.stop), stop_token_ids=list(s.stop_token_ids), seed=s.seed,
         output_kind=RequestOutputKind.FINAL_ONLY,
-        logit_bias=dict.fromkeys(banned_token_ids, -100.0) or None,
+        logit_bias=dict.fromkeys(banned_token_ids, -100.0) or None, **constrained_args,
     )
 
 
@@ -344,11 +356,17 @@ def _lora_request(adapter: AdapterRef | None) -> Any:
     return LoRARequest(lora_name=adapter.name, lora_int_id=adapter.lora_int_id, lora_path=adapter.path)
 
 
-def _result(output: Any) -> EngineResult:
+def _result(output: Any, sampling: Sampling) -> EngineResult:
+    from services.rollout import constrained
+
+    mask = ActionMask(sampling.allowed_sequences) if sampling.allowed_sequences else None
     completions = []
     for completion in sorted(output.outputs, key=lambda c: c.index):
         token_ids = list(completion.token_ids)
-        logprobs = [float(position[token].logprob)
-                    for token, position in zip(token_ids, completion.logprobs or [], strict=True)]
+        positions = completion.logprobs or []
+        if mask is not None:
+            logprobs = constrained.renormalised_logprobs(mask, token_ids, positions)
+        else:
+            logprobs = [float(position[token].logprob) for token, position in zip(token_ids, positions, strict=True)]
         completions.append(Completion(token_ids, logprobs, completion.text, str(completion.finish_reason)))
     return EngineResult(list(output.prompt_token_ids or []), completions, int(output.num_cached_tokens or 0))

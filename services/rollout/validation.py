@@ -12,12 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mmrl_proto.v1 import common_pb2, rollout_pb2
+from services.common.constrained import ActionMask
 from services.rollout.engine import EngineRequest, ModelInfo, Sampling
 from services.rollout.errors import InvalidArgument
 from services.rollout.frames import Frame, FrameCache
 
 MAX_SAMPLES_PER_REQUEST = 256
 MAX_TEMPERATURE = 2.0  # vLLM's bound
+MAX_MASK_TOKENS = 128  # vLLM's bound on logprob_token_ids: the constrained log-probs need them all
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,17 @@ def parse_sampling(p: rollout_pb2.SamplingParams, info: ModelInfo, where: str) -
         if not 0 <= token < info.vocab_size:
             raise InvalidArgument(f"{where}.sampling.stop_token_ids: {token} is outside the vocabulary "
                                   f"[0, {info.vocab_size})")
+    allowed = tuple(tuple(s.token_ids) for s in p.allowed_sequences)
+    if allowed:
+        try:
+            mask = ActionMask(allowed)
+        except ValueError as exc:
+            raise InvalidArgument(f"{where}.sampling.allowed_sequences: {exc}") from None
+        outside = [t for t in mask.tokens if not 0 <= t < info.vocab_size]
+        if outside or len(mask.tokens) > MAX_MASK_TOKENS:
+            raise InvalidArgument(f"{where}.sampling.allowed_sequences: at most {MAX_MASK_TOKENS} distinct tokens "
+                                  f"of the vocabulary [0, {info.vocab_size}), got {len(mask.tokens)}"
+                                  + (f" ({outside[0]} outside it)" if outside else ""))
     return Sampling(
         temperature=float(p.temperature),
         top_p=float(p.top_p) if p.top_p > 0 else 1.0,
@@ -82,6 +95,7 @@ def parse_sampling(p: rollout_pb2.SamplingParams, info: ModelInfo, where: str) -
         stop_token_ids=tuple(p.stop_token_ids),
         n=int(p.n) or 1,
         seed=int(p.seed) if p.HasField("seed") else None,
+        allowed_sequences=allowed,
     )
 
 

@@ -6,14 +6,21 @@ import pytest
 from pydantic import ValidationError
 
 from services.coordinator.config import RunConfig, load_run_config
-from services.coordinator.grpo.tasks import ConfigRefused, require_action_budget, require_env, task_seed
+from services.coordinator.grpo.tasks import (
+    ConfigRefused,
+    action_sequences,
+    require_action_budget,
+    require_env,
+    task_seed,
+)
 from services.coordinator.ops.wire import EnvInfo
 from services.env.maze.maze import ACTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name", ["maze-tiny-cpu.yaml", "qwen3-vl-8b-hyperpod.yaml"])
+@pytest.mark.parametrize("name", ["maze-tiny-cpu.yaml", "qwen3-vl-8b-hyperpod.yaml", "frozenlake-4x4-tiny-cpu.yaml",
+                                  "minigrid-empty-6x6-tiny-cpu.yaml"])
 def test_shipped_run_configs_validate(name: str) -> None:
     config = load_run_config(ROOT / "configs" / name)
     assert config.steps > 0 and config.grpo.group_size >= 2
@@ -157,3 +164,24 @@ def test_a_run_is_refused_on_an_env_that_lacks_what_it_needs_naming_it() -> None
 def test_the_task_seed_of_a_round_is_a_pure_function_of_run_seed_step_and_round() -> None:
     assert task_seed(0, 5, 0) == task_seed(0, 5, 0)
     assert len({task_seed(r, s, k) for r in (0, 1) for s in (5, 6) for k in (0, 1)}) == 8
+
+
+def test_constrained_actions_send_each_words_tokens_then_the_end_of_turn_to_rollout_and_learner(
+    tiny_model_dir: Path,
+) -> None:
+    from transformers import AutoTokenizer
+
+    from services.common.conversation import ChatTokens
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    chat = ChatTokens.from_tokenizer(tokenizer)
+    config = load_run_config(ROOT / "configs" / "minigrid-empty-6x6-tiny-cpu.yaml")
+    sequences = action_sequences(config, tokenizer, chat, ("left", "right", "forward"))
+    assert sequences == tuple((*tokenizer.encode(w, add_special_tokens=False), chat.im_end)
+                              for w in ("left", "right", "forward"))
+    assert config.train_settings(sequences).action_sequences == sequences
+    require_action_budget(tokenizer, config.sampling.max_tokens, ("left", "right", "forward"))
+    free = load_run_config(ROOT / "configs" / "maze-tiny-cpu.yaml")
+    assert free.sampling.actions == "free" and action_sequences(free, tokenizer, chat, ACTIONS) == ()
+    with pytest.raises(ConfigRefused, match="same tokens"):
+        action_sequences(config, tokenizer, chat, ("left", "left"))

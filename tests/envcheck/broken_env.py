@@ -81,6 +81,29 @@ class IgnoresTurnLimit(Servicer):  # type: ignore[misc,valid-type]
         return response
 
 
+class EndsAtItsBudget(Servicer):  # type: ignore[misc,valid-type]
+    """Not broken: a task without a `rounds` option asks 3 questions, so with max_moves 3 it ends by itself
+    on the budget's last move (terminated, not truncated, as the contract says)."""
+
+    async def CreateEpisodes(self, request: Any, context: Any) -> Any:
+        for spec in request.specs:
+            if "rounds" not in spec.options:
+                spec.options["rounds"] = "3"
+        return await super().CreateEpisodes(request, context)
+
+
+class TruncatesAnEndedTask(EndsAtItsBudget):
+    """Reports truncated whenever the budget is spent, also when the task ended by itself on that move."""
+
+    async def Step(self, request: Any, context: Any) -> Any:
+        response = await super().Step(request, context)
+        for state in response.episodes:
+            episode = self.episodes.get(state.episode_id)
+            if episode is not None and episode.index >= episode.max_moves:
+                state.truncated = state.done
+        return response
+
+
 class CrashesOnUnknownEpisode(Servicer):  # type: ignore[misc,valid-type]
     """A Step on an unknown episode id raises (UNKNOWN) instead of answering NOT_FOUND."""
 
@@ -165,6 +188,7 @@ VARIANTS: dict[str, tuple[type, str]] = {
     "trains-on-eval-tasks": (TrainsOnEvalTasks, "training-not-eval"),
     "crashes-on-bad-action": (CrashesOnBadAction, "bad-actions"),
     "ignores-turn-limit": (IgnoresTurnLimit, "turn-limit"),
+    "truncates-an-ended-task": (TruncatesAnEndedTask, "turn-limit"),
     "crashes-on-unknown-episode": (CrashesOnUnknownEpisode, "unknown-episode"),
     "ignores-unknown-options": (IgnoresUnknownOptions, "bad-spec"),
     "unbounded-batch": (UnboundedBatch, "oversized-batch"),

@@ -19,7 +19,7 @@ from services.env import registry
 from services.env.config import EnvConfig
 from services.env.maze.env import MazeEnv
 from services.env.servicer import SERVICE_NAME, EnvServicer
-from tests.envcheck.broken_env import VARIANTS, Servicer
+from tests.envcheck.broken_env import VARIANTS, EndsAtItsBudget, Servicer
 
 
 @asynccontextmanager
@@ -40,6 +40,7 @@ def _verdicts(results: list[CheckResult]) -> dict[str, bool]:
 SHIPPED: dict[str, Callable[[], Any]] = {
     **{name: (lambda name=name: EnvServicer(registry.create(name, EnvConfig()))) for name in registry.names()},
     "brighter-example": Servicer,
+    "brighter-ending-at-its-budget": EndsAtItsBudget,  # the task ends by itself on the budget's last move
 }
 
 
@@ -59,6 +60,16 @@ async def test_a_broken_env_fails_the_check_it_breaks_and_passes_the_others(vari
     failed = [r.name for r in results if not r.passed]
     assert failed == [broken_check], table(results)
     assert next(r for r in results if r.name == broken_check).detail
+
+
+async def test_a_task_ending_by_itself_on_the_budgets_last_move_is_terminated_and_a_truncated_one_is_named() -> None:
+    async with serving(EndsAtItsBudget()) as address:
+        (result,) = await run_checks(address, only=["turn-limit"])
+    assert result.passed and result.detail == "max_moves 3: done after 3 moves (terminated)"
+    servicer, _ = VARIANTS["truncates-an-ended-task"]
+    async with serving(servicer()) as address:
+        (result,) = await run_checks(address, only=["turn-limit"])
+    assert not result.passed and "the task ended by itself then" in result.detail
 
 
 async def test_the_checks_report_the_maze_envs_figures() -> None:

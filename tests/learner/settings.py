@@ -20,7 +20,7 @@ def train_json(**flat: Any) -> str:
             assert name in LoraSettings.model_fields, key
         elif key in LossSettings.model_fields:
             section, name = "loss", key
-        elif key in ("seed", "total_steps"):
+        elif key in ("seed", "total_steps", "action_sequences"):
             nested[key] = value
             continue
         else:

@@ -87,11 +87,12 @@ class Sampling:
     temperature: float
     top_p: float
     max_tokens: int
+    allowed: tuple[tuple[int, ...], ...] = ()
+    """Constrained actions' mask (services/common/constrained.py); () = free text."""
 
-    @classmethod
-    def greedy(cls, max_tokens: int) -> Sampling:
-        """Temperature 0: the most likely token every time (what the eval measures)."""
-        return cls(0.0, 1.0, max_tokens)
+    def greedy(self) -> Sampling:
+        """Temperature 0 (what the eval measures), under the same constraint."""
+        return Sampling(0.0, 1.0, self.max_tokens, self.allowed)
 
 
 def observation_key(images: list[bytes]) -> str:
@@ -105,7 +106,8 @@ def observation_key(images: list[bytes]) -> str:
 
 def _sampling_params(sampling: Sampling, seed: int, stop_ids: list[int]) -> SamplingParams:
     return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
-                          max_tokens=sampling.max_tokens, stop_token_ids=stop_ids, seed=seed)
+                          max_tokens=sampling.max_tokens, stop_token_ids=stop_ids, seed=seed,
+                          allowed_sequences=sampling.allowed)
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,7 @@ async def play_episodes(services: Services, prompting: Prompting, policy: Policy
     samples_per_spec, sampling, seed, keep_frames = plan.samples_per_spec, plan.sampling, plan.seed, plan.keep_frames
     run_id, adapter_version, tokenizer, chat = policy.run_id, policy.adapter_version, prompting.tokenizer, prompting.chat
     greedy_per_spec = plan.greedy_per_spec
-    greedy = Sampling.greedy(sampling.max_tokens)
+    greedy = sampling.greedy()
     all_specs = [spec for spec in plan.specs for _ in range(samples_per_spec)]
     started = time.perf_counter()
     created = await services.env.create_episodes(all_specs)

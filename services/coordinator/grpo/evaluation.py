@@ -32,6 +32,7 @@ class EvalPlan:
     sampled_temperature: float
     max_turns: int
     system_prompt: str
+    allowed: tuple[tuple[int, ...], ...] = ()  # the run's constrained actions, if any
 
 
 def eval_turn_limit(specs: list[TaskSpec], default: int) -> int:
@@ -69,12 +70,12 @@ async def run_eval(
     prompting = Prompting(tokenizer, chat, plan.system_prompt)
     policy = Policy(run_id, adapter_version)
     calls = [play_episodes(services, prompting, policy, PlayPlan(
-        plan.specs, samples_per_spec=1, sampling=Sampling.greedy(plan.max_tokens), max_turns=plan.max_turns,
+        plan.specs, samples_per_spec=1, sampling=Sampling(0.0, 1.0, plan.max_tokens, plan.allowed), max_turns=plan.max_turns,
         seed=seed, keep_frames=keep_frames), timers)]
     if plan.sampled_samples > 0:
         calls.append(play_episodes(services, prompting, policy, PlayPlan(
             plan.specs, samples_per_spec=plan.sampled_samples,
-            sampling=Sampling(plan.sampled_temperature, 1.0, plan.max_tokens), max_turns=plan.max_turns,
+            sampling=Sampling(plan.sampled_temperature, 1.0, plan.max_tokens, plan.allowed), max_turns=plan.max_turns,
             seed=seed + 1), timers))
     outcomes = await asyncio.gather(*calls)
     greedy = outcomes[0]

@@ -45,7 +45,13 @@ from services.coordinator.grpo.episodes import (
 from services.coordinator.grpo.evaluation import EvalPlan, eval_turn_limit, run_eval
 from services.coordinator.grpo.records import eval_records, train_records
 from services.coordinator.grpo.sampling import STRATEGIES
-from services.coordinator.grpo.tasks import ConfigRefused, require_action_budget, require_env, task_seed
+from services.coordinator.grpo.tasks import (
+    ConfigRefused,
+    action_sequences,
+    require_action_budget,
+    require_env,
+    task_seed,
+)
 from services.coordinator.grpo.trajectories import noop_fraction, to_trajectories
 from services.coordinator.ops.clients import ServiceError
 from services.coordinator.ops.replicas import Services
@@ -94,7 +100,7 @@ async def execute_run(ctx: RunContext) -> RunState:
     cfg = ctx.config
     start = await start_or_resume(ctx)  # 0. learner bound to the run and rolled back; step-0 eval
     adapter_version, checkpoint_step = start.adapter_version, start.step
-    sampling = Sampling(cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.max_tokens)
+    sampling = Sampling(cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.max_tokens, start.plan.allowed)
     pending: asyncio.Task[SampledStep] | None = None  # the next step's episodes, sampled during training
     try:
         for step in range(start.step + 1, cfg.steps + 1):
@@ -154,13 +160,14 @@ async def start_or_resume(ctx: RunContext) -> Start:
     env = await svc.env.info()
     require_env(cfg, env)
     require_action_budget(ctx.tokenizer, cfg.sampling.max_tokens, env.actions)
+    allowed = action_sequences(cfg, ctx.tokenizer, ctx.chat, env.actions)
     if cfg.colocated and not (await svc.rollouts.model_info()).sleep_supported:
         raise ConfigRefused("colocated mode needs vLLM sleep mode, which needs a GPU; "
                             "this rollout backend does not support it (set colocated: false)")
     eval_set = await svc.env.eval_set(cfg.eval.eval_set)
     if cfg.eval.held_out_set:  # refused now (NOT_FOUND from the env), not after the last step
         await svc.env.eval_set(cfg.eval.held_out_set)
-    await svc.learner.configure_run(run_id, cfg.train_settings())
+    await svc.learner.configure_run(run_id, cfg.train_settings(allowed))
     if (await store.get_run(run_id))["checkpoint_step"] < 0:
         await save_checkpoint(ctx, 0)
         start_step = 0
@@ -180,7 +187,7 @@ async def start_or_resume(ctx: RunContext) -> Start:
                     sampled_samples=cfg.eval.sampled_samples,
                     sampled_temperature=cfg.eval.sampled_temperature,
                     max_turns=eval_turn_limit(eval_specs, cfg.env.max_moves),
-                    system_prompt=cfg.system_prompt)
+                    system_prompt=cfg.system_prompt, allowed=allowed)
     if start_step == 0 and 0 not in {int(e["step"]) for e in await store.evals(run_id)}:
         await evaluate(ctx, plan, step=0, adapter_version=adapter_version, timers=Timers())
     return Start(step=start_step, adapter_version=adapter_version, plan=plan)

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.common.conversation import Tokenizer
+from services.common.constrained import ActionMask
+from services.common.conversation import ChatTokens, Tokenizer
 from services.coordinator.config import RunConfig
 from services.coordinator.grpo.credit import VARIANTS
 from services.coordinator.ops.wire import EnvInfo
+
+MAX_MASK_TOKENS = 128  # vLLM scores at most this many given tokens per position (logprob_token_ids)
 
 
 class ConfigRefused(ValueError):
@@ -31,6 +34,22 @@ def require_action_budget(tokenizer: Tokenizer, max_tokens: int, actions: Sequen
         if length > max_tokens:
             raise ConfigRefused(f"sampling.max_tokens {max_tokens} cannot hold the action {word!r}, "
                                 f"{length} tokens with this model's tokenizer")
+
+
+def action_sequences(config: RunConfig, tokenizer: Tokenizer, chat: ChatTokens,
+                     actions: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+    """The constrained actions' mask of the env's action words (`sampling.actions: constrained`), () for free text;
+    refused when two words share their tokens or the mask needs more tokens than the engine scores."""
+    if config.sampling.actions == "free":
+        return ()
+    try:
+        mask = ActionMask.from_words(tokenizer, actions, chat.im_end)
+    except ValueError as exc:
+        raise ConfigRefused(f"sampling.actions constrained: {exc}") from None
+    if len(mask.tokens) > MAX_MASK_TOKENS:
+        raise ConfigRefused(f"sampling.actions constrained: the action words take {len(mask.tokens)} distinct "
+                            f"tokens, more than the {MAX_MASK_TOKENS} the rollout engine scores")
+    return mask.sequences
 
 
 def require_env(config: RunConfig, env: EnvInfo) -> None:

@@ -168,7 +168,8 @@ def _generation_request(prompt: Prompt) -> rollout_pb2.GenerationRequest:
         images=[{"data": data, "mime_type": "image/png"} for data in prompt.images],
         sampling=rollout_pb2.SamplingParams(
             temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
-            stop_token_ids=sampling.stop_token_ids, n=1, seed=sampling.seed % 2**63),  # int64 field
+            stop_token_ids=sampling.stop_token_ids, n=1, seed=sampling.seed % 2**63,  # int64 field
+            allowed_sequences=[rollout_pb2.TokenSequence(token_ids=s) for s in sampling.allowed_sequences]),
         adapter_run_id=prompt.adapter_run_id, adapter_version=prompt.adapter_version,
     )
 

@@ -52,6 +52,7 @@ class SamplingParams:
     max_tokens: int
     stop_token_ids: list[int]
     seed: int
+    allowed_sequences: tuple[tuple[int, ...], ...] = ()  # constrained actions (services/common/constrained.py)
 
 
 @dataclass(frozen=True)

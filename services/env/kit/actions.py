@@ -1,5 +1,6 @@
 """Tolerant parsing of a model's action text into one of up, down, left, right, stop (the move words of
-grid environments: the maze reads all five, Sokoban the four directions).
+grid environments: the maze reads all five, Sokoban the four directions), or into any environment's own
+action words (`word_parser`, e.g. a Gymnasium environment's).
 
 Rules, applied in order:
 1. Closed `<think>...</think>` blocks are dropped (reasoning is not the answer).
@@ -15,6 +16,7 @@ Rules, applied in order:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Literal, cast
 
 from services.env.kit.grid import DIRECTIONS, STOP
@@ -59,3 +61,17 @@ def parse_action(text: str) -> Action | None:
         return None
     word = matches[-1].lower()
     return SYNONYMS.get(word, cast(Action, word))
+
+
+def word_parser(words: tuple[str, ...]) -> Callable[[str], str | None]:
+    """A parser of any environment's action words by rules 1-4 above (no synonyms): the last of
+    `words` in the text's answer, matched whole and case-insensitively, or None."""
+    pattern = re.compile(r"(?<![a-z0-9])(" + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
+                         + r")(?![a-z0-9])", re.IGNORECASE)
+    canonical = {w.lower(): w for w in words}
+
+    def parse(text: str) -> str | None:
+        matches = pattern.findall(answer_span(text))
+        return canonical[matches[-1].lower()] if matches else None
+
+    return parse
