@@ -12,20 +12,17 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
 
 from services.common.procs import free_port, stop_process
 from services.coordinator.ops.store import RunStore
+from tests.coordinator.coordinator_process import serve_coordinator
 from tests.coordinator.finished_run import record_with_env_server
 
 pytestmark = pytest.mark.slow
@@ -46,19 +43,9 @@ def coordinator(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     asyncio.run(record_with_env_server(url, shared_root))
     port = free_port()
     env = {**os.environ, "MMRL_REDIS_URL": url, "MMRL_SHARED_ROOT": str(shared_root), "MMRL_API_TOKEN": TOKEN,
-           "MMRL_RESUME_RUNS": "false", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "mmrl.cli.main", "serve", "coordinator", "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, cwd=ROOT)
+           "MMRL_RESUME_RUNS": "false"}
+    proc = serve_coordinator(env, port, timeout_s=30)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, "the coordinator did not start"
-        time.sleep(0.2)
     yield base, url
     stop_process(proc)
 

@@ -1,6 +1,6 @@
 """Error replies of the API: a validation error names the fields without echoing the input (which
-may be huge, or a NaN that JSON cannot encode), and Redis being unreachable is a 503 with
-Retry-After, not a 500."""
+may be huge, or a NaN that JSON cannot encode), an action that does not fit a run's state is a 409
+saying why, and Redis being unreachable is a 503 with Retry-After, not a 500."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.coordinator.ops.admission import NotAllowed
+from services.coordinator.ops.manager import TransitionError
 
 RETRY_AFTER_S = 5
 
@@ -32,6 +33,10 @@ async def not_allowed(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
 
+async def conflict(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_409_CONFLICT)
+
+
 async def redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": f"the run store (Redis) is unreachable: {exc}; retry shortly"},
                         status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
@@ -41,6 +46,7 @@ async def redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
 def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(NotAllowed, not_allowed)
+    app.add_exception_handler(TransitionError, conflict)
     for redis_error in (RedisConnectionError, RedisTimeoutError):
         app.add_exception_handler(redis_error, redis_unavailable)
 
@@ -55,5 +61,5 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 RUN_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"description": "No such run (or episode)."},
-    409: {"description": "The action does not fit the run's state, or its learner is busy."},
+    409: {"description": "The action does not fit the run's state."},
 }

@@ -69,8 +69,8 @@ async def authorized_body(
 
 
 @router.post("/s3", response_model=TriggerReply, responses={
-    201: {"description": "A run started."}, 400: {"description": "Not an S3 object-created event."},
-    401: {"description": "No valid token or signature."}, 409: {"description": "The run's learner is busy."},
+    201: {"description": "A run was queued (it starts when a learner pool is free)."},
+    400: {"description": "Not an S3 object-created event."}, 401: {"description": "No valid token or signature."},
     422: {"description": "No rule matches, or the run config is invalid."},
     502: {"description": "The config object could not be read."}})
 async def s3_event(body: Annotated[bytes, Depends(authorized_body)], triggers: TriggersDep) -> JSONResponse:

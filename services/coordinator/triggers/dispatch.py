@@ -1,6 +1,7 @@
 """From an object event to a run: match a rule, skip what an earlier delivery started, build and
-validate the run config, and start it through the same RunManager.create as POST /v1/runs, with the
-event's dedupe key claimed in the run's own Redis transaction. Every outcome is audited."""
+validate the run config, and queue it through the same RunManager.create as POST /v1/runs (it starts
+when a learner pool is free), with the event's dedupe key claimed in the run's own Redis
+transaction. Every outcome is audited."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pydantic import ValidationError
 from services.common.config_files import parse_config_text
 from services.coordinator.config import RunConfig, load_run_config
 from services.coordinator.ops.admission import NotAllowed
-from services.coordinator.ops.manager import RunManager, TransitionError
+from services.coordinator.ops.manager import RunManager
 from services.coordinator.ops.store import AlreadyClaimed, RunStore
 from services.coordinator.triggers.audit import TriggerLog, TriggerOutcome
 from services.coordinator.triggers.events import ObjectEvent
@@ -93,8 +94,6 @@ class Triggers:
             run = await self.manager.create(config, trigger=trigger, claim=event.dedupe_key)
         except AlreadyClaimed as exc:
             return await self._duplicate(event, exc.run_id, rule)
-        except TransitionError as exc:
-            return await self.reject(event, 409, str(exc), rule)
         except NotAllowed as exc:
             return await self.reject(event, 422, str(exc), rule)
         return await self.log.add(TriggerOutcome(outcome="started", status_code=201, run_id=run["id"], rule=rule,
