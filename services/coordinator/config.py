@@ -237,7 +237,11 @@ class CoordinatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MMRL_", extra="ignore")
 
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding runs, metrics, events.")
-    api_token: str = Field("", description="Bearer token for /v1 routes ('' = no auth).")
+    api_token: str = Field("", description="Bearer token for /v1 routes, an admin of the tenant 'default' ('' and no "
+                                           "tokens file = no auth).")
+    api_tokens_file: Path | None = Field(None, description=(
+        "YAML file of API tokens, each with its tenant and role (admin or member), and per-tenant limits "
+        "(docs/coordinator.md, \"Tenants\"); e.g. mounted from a Secret. A bad file stops the coordinator at start."))
     shared_root: Path = Field(
         DEFAULT_SHARED_ROOT, description="Shared storage root, the same directory every service uses (/shared in containers)."
     )

@@ -152,7 +152,7 @@ def test_readiness_fails_without_redis(tmp_path: Path) -> None:
 def test_runs_left_running_on_one_learner_resume_newest_first_and_the_others_wait_in_the_queue(
     redis_url: str, tmp_path: Path, tiny_model_dir: Path, held_runs: threading.Event
 ) -> None:
-    from services.coordinator.ops.store import RunStore
+    from services.coordinator.ops.store import RunState, RunStore
 
     async def leave_running() -> list[str]:
         store = RunStore.from_url(f"{redis_url}/2")
@@ -160,7 +160,7 @@ def test_runs_left_running_on_one_learner_resume_newest_first_and_the_others_wai
         ids = []
         for name in ("older", "newer"):
             run = await store.create_run(f"{name}-run", name, _config(str(tiny_model_dir)), 2)
-            await store.update_run(run["id"], state="running")
+            await store.set_state(run["id"], RunState.RUNNING)
             ids.append(run["id"])
             await asyncio.sleep(0.01)  # distinct creation times
         await store.close()
@@ -204,7 +204,7 @@ def test_runs_left_running_resume_when_redis_comes_up_after_the_coordinator(
     tmp_path: Path, tiny_model_dir: Path, held_runs: threading.Event
 ) -> None:
     from services.common.procs import start_redis, stop_process
-    from services.coordinator.ops.store import RunStore
+    from services.coordinator.ops.store import RunState, RunStore
 
     port, data = free_port(), tmp_path / "redis"
     url = f"redis://127.0.0.1:{port}/0"
@@ -212,7 +212,7 @@ def test_runs_left_running_resume_when_redis_comes_up_after_the_coordinator(
     async def leave_running() -> str:
         store = RunStore.from_url(url)
         run = await store.create_run("left-run", "left", _config(str(tiny_model_dir)), 2)
-        await store.update_run(run["id"], state="running")
+        await store.set_state(run["id"], RunState.RUNNING)
         await store.close()
         return str(run["id"])
 

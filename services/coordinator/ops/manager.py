@@ -41,6 +41,7 @@ from services.coordinator.ops.store import (
     new_run_id,
     state_change,
 )
+from services.coordinator.ops.tenants import Tenants
 from services.coordinator.ops.trackers import RecordingStore
 
 log = logging.getLogger("mmrl.coordinator.manager")
@@ -71,9 +72,10 @@ def _move_if_left_running(run: dict[str, Any], state: RunState, reason: str) -> 
 
 
 class RunManager:
-    def __init__(self, store: RunStore, settings: CoordinatorSettings) -> None:
+    def __init__(self, store: RunStore, settings: CoordinatorSettings, tenants: Tenants | None = None) -> None:
         self.store = store
         self.settings = settings
+        self.tenants = tenants or Tenants([])
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.learners: dict[str, str] = {}  # run id -> learner pool, while a task here drives the run on it
         self.services: dict[str, Services] = {}  # run id -> its clients, while a task here drives it
@@ -95,7 +97,8 @@ class RunManager:
     async def schedule(self) -> list[str]:
         """Starts queued runs, in queue order, on free learner pools until none fits; returns their ids."""
         started = []
-        while not self.closing and (taken := await self.scheduler.take(self.settings.pools)) is not None:
+        while not self.closing and (taken := await self.scheduler.take(self.settings.pools,
+                                                                       self.tenants.max_running())) is not None:
             run_id, learner = taken
             self.launch(run_id, learner)
             started.append(run_id)
@@ -187,12 +190,13 @@ class RunManager:
                      tenant: str = DEFAULT_TENANT, priority: int | None = None) -> dict[str, Any]:
         """Records a new run in the queue and starts it at once when a learner pool is free for it. A
         run an event starts carries the event (`trigger`) and its dedupe key (`claim`: AlreadyClaimed
-        when taken). `priority` overrides the config's."""
+        when taken). `priority` overrides the config's. The tenant's max_queued: LimitReached."""
         check_run_config(config, self.settings)  # NotAllowed (422) before anything is recorded
         run_id = new_run_id(config.name)
         await self.store.create_run(run_id, config.name, config.model_dump(mode="json"), config.steps,
                                     trigger=trigger, claim=claim, tenant=tenant,
-                                    priority=config.priority if priority is None else priority)
+                                    priority=config.priority if priority is None else priority,
+                                    max_queued=self.tenants.limits(tenant).max_queued)
         await self.schedule_soon()
         return await self.store.get_run(run_id)
 
@@ -227,7 +231,7 @@ class RunManager:
     async def resume(self, run_id: str) -> None:
         """Puts a paused or failed run (or one left running that nothing drives) back in the queue; it
         continues from its newest complete checkpoint when a pool is free. A failed run's reason stays
-        in its event history."""
+        in its event history. The tenant's max_queued: LimitReached."""
         leased = await self._leased_elsewhere(run_id)
 
         def withdraw_pause(run: dict[str, Any]) -> dict[str, Any]:
@@ -254,7 +258,7 @@ class RunManager:
                 raise TransitionError(f"cannot resume a run that is {run['state']}")
             return {**state_change(RunState.QUEUED), "desired": ""}
 
-        await self.store.change_run(run_id, requeue)
+        await self.store.change_run(run_id, requeue, max_queued=self.tenants.limits(run["tenant"]).max_queued)
         if run["state"] == RunState.FAILED:
             await self.store.add_event(run_id, "resume", {"from": "failed", "failure_reason": run["failure_reason"],
                                                           "checkpoint_step": run["checkpoint_step"]})

@@ -77,7 +77,7 @@ class LimitReached(Exception):
     """A tenant's limit refuses the run (HTTP 429); `limit` names it."""
 
     def __init__(self, tenant: str, limit: str, value: int, count: int) -> None:
-        super().__init__(f"tenant {tenant!r} has {count} runs queued, its limit ({limit} {value}); "
+        super().__init__(f"tenant {tenant!r} is at its limit of queued runs ({limit} {value}, {count} queued); "
                          "wait for one to start or stop one")
         self.limit = limit
 
