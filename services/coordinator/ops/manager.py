@@ -138,7 +138,7 @@ class RunManager:
                                                   self.settings.shared_root)
             ctx = RunContext(run_id=run_id, config=config, services=services, store=recording,
                              shared_root=self.settings.shared_root, tokenizer=tokenizer,
-                             chat=ChatTokens.from_tokenizer(tokenizer))
+                             chat=ChatTokens.from_tokenizer(tokenizer), pools=len(self.settings.pools))
             state = await drive(run_id, lambda: execute_run(ctx), services, self.store, self.settings)
             log.info("run ended", extra={"run_id": run_id, "state": state.value})
             ended = True
@@ -159,6 +159,9 @@ class RunManager:
             learner = self.learners.pop(run_id, "")
             self.services.pop(run_id, None)
             if services is not None:
+                if ended:  # its adapters' room goes to the runs of the other pools
+                    with contextlib.suppress(ServiceError, TimeoutError, asyncio.CancelledError):
+                        await asyncio.wait_for(services.rollouts.release_adapters(run_id), timeout=30)
                 await services.close()
             with contextlib.suppress(RedisError, asyncio.CancelledError):
                 await self.leases.release(run_id)
