@@ -9,10 +9,12 @@ from pathlib import Path
 
 import httpx
 
+from services.common.procs import stop_process
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def serve_coordinator(env: dict[str, str], port: int, timeout_s: float = 60) -> subprocess.Popen[bytes]:
+def serve_coordinator(env: dict[str, str], port: int, timeout_s: float = 120) -> subprocess.Popen[bytes]:
     """Starts `mmrl serve coordinator` on 127.0.0.1:`port` with `env` (in a session of its own, so a
     test can kill its whole process group) and waits until /readyz answers."""
     proc = subprocess.Popen([sys.executable, "-m", "mmrl.cli.main", "serve", "coordinator", "--host", "127.0.0.1",
@@ -25,5 +27,7 @@ def serve_coordinator(env: dict[str, str], port: int, timeout_s: float = 60) -> 
                 return proc
         except httpx.HTTPError:
             pass
-        assert proc.poll() is None and time.monotonic() < deadline, "the coordinator did not start"
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_process(proc)
+            raise AssertionError(f"the coordinator did not start within {timeout_s:.0f} s")
         time.sleep(0.2)
