@@ -43,13 +43,13 @@ class ApiClient:
 
 
 def stop_left_running(api: ApiClient) -> None:
-    """Marks stopped the runs an earlier demo or benchmark left pending or running (a second Ctrl-C
-    leaves at once): a coordinator started without resuming runs does not drive them, and the
-    learner takes one run at a time."""
-    left = [run for state in ("pending", "running")
+    """Marks stopped the runs an earlier demo or benchmark left queued, pending or running (a second
+    Ctrl-C leaves at once): a coordinator started without resuming runs does not drive them, and a
+    queued one would take a learner pool before the new run."""
+    left = [run for state in ("queued", "pending", "running")
             for run in api.request("GET", "/v1/runs", params={"state": state, "limit": 1000})["runs"]]
     for run in left:
-        if run["state"] in ("pending", "running"):
+        if run["state"] in ("queued", "pending", "running"):
             api.request("POST", f"/v1/runs/{run['id']}/stop")
             print(f"run {run['id']} was left {run['state']} at step {run['step']} by an earlier job: "
                   "marked stopped", flush=True)
@@ -164,7 +164,8 @@ def main(argv: list[str]) -> int:
         while True:
             page = api.request("GET", "/v1/runs", params={"offset": offset, "limit": 1000})
             for run in page["runs"]:
-                print(f"{run['id']:<48} {run['state']:<10} step {run['step']}/{run['steps']}")
+                place = f" (#{run['queue_position']} in the queue)" if run.get("queue_position") else ""
+                print(f"{run['id']:<48} {run['state']:<10} step {run['step']}/{run['steps']}{place}")
             offset += len(page["runs"])
             if not page["runs"] or offset >= page["total"]:
                 break

@@ -100,7 +100,7 @@ class Stack:
             "MMRL_REDIS_URL": self.redis_url,
             "MMRL_ENV_ADDR": self.address("env"),
             "MMRL_ROLLOUT_ADDRS": self.address("rollout"),
-            "MMRL_LEARNER_ADDR": self.address("learner"),
+            "MMRL_LEARNER_ADDRS": self.address("learner"),
             "MMRL_API_TOKEN": self.config.api_token,
             "MMRL_RESUME_RUNS": "true" if self.config.resume_runs else "false",
             "PYTHONUNBUFFERED": "1",

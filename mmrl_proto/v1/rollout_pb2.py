@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from mmrl_proto.v1 import common_pb2 as mmrl__proto_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmmrl_proto/v1/rollout.proto\x12\x07mmrl.v1\x1a\x1ammrl_proto/v1/common.proto\"\xd7\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\t\n\x01n\x18\x07 \x01(\x05\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x00\x88\x01\x01\x12\x31\n\x11\x61llowed_sequences\x18\t \x03(\x0b\x32\x16.mmrl.v1.TokenSequenceB\x07\n\x05_seed\"\"\n\rTokenSequence\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\xa9\x01\n\x11GenerationRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x1e\n\x06images\x18\x02 \x03(\x0b\x32\x0e.mmrl.v1.Image\x12)\n\x08sampling\x18\x03 \x01(\x0b\x32\x17.mmrl.v1.SamplingParams\x12\x16\n\x0e\x61\x64\x61pter_run_id\x18\x04 \x01(\t\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x05 \x01(\x03\"?\n\x0fGenerateRequest\x12,\n\x08requests\x18\x01 \x03(\x0b\x32\x1a.mmrl.v1.GenerationRequest\"V\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\"\x8a\x01\n\x10GenerationResult\x12(\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x13.mmrl.v1.Completion\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x03 \x01(\x03\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\x05\">\n\x10GenerateResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.mmrl.v1.GenerationResult\"C\n\x12LoadAdapterRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0c\n\x04path\x18\x03 \x01(\t\"`\n\x13LoadAdapterResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x17\n\x0fmanifest_sha256\x18\x03 \x01(\t\x12\x0f\n\x07load_ms\x18\x04 \x01(\x01\"\x15\n\x13ListAdaptersRequest\"W\n\rLoadedAdapter\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x17\n\x0fmanifest_sha256\x18\x04 \x01(\t\"@\n\x14ListAdaptersResponse\x12(\n\x08\x61\x64\x61pters\x18\x01 \x03(\x0b\x32\x16.mmrl.v1.LoadedAdapter\"\x1d\n\x0cSleepRequest\x12\r\n\x05level\x18\x01 \x01(\x05\"\x0f\n\rSleepResponse\"\x0f\n\rWakeUpRequest\"\x10\n\x0eWakeUpResponse\"\x15\n\x13GetModelInfoRequest\"i\n\x14GetModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x17\n\x0fsleep_supported\x18\x04 \x01(\x08\x32\xa8\x03\n\x0eRolloutService\x12?\n\x08Generate\x12\x18.mmrl.v1.GenerateRequest\x1a\x19.mmrl.v1.GenerateResponse\x12H\n\x0bLoadAdapter\x12\x1b.mmrl.v1.LoadAdapterRequest\x1a\x1c.mmrl.v1.LoadAdapterResponse\x12K\n\x0cListAdapters\x12\x1c.mmrl.v1.ListAdaptersRequest\x1a\x1d.mmrl.v1.ListAdaptersResponse\x12\x36\n\x05Sleep\x12\x15.mmrl.v1.SleepRequest\x1a\x16.mmrl.v1.SleepResponse\x12\x39\n\x06WakeUp\x12\x16.mmrl.v1.WakeUpRequest\x1a\x17.mmrl.v1.WakeUpResponse\x12K\n\x0cGetModelInfo\x12\x1c.mmrl.v1.GetModelInfoRequest\x1a\x1d.mmrl.v1.GetModelInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmmrl_proto/v1/rollout.proto\x12\x07mmrl.v1\x1a\x1ammrl_proto/v1/common.proto\"\xd7\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\t\n\x01n\x18\x07 \x01(\x05\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x00\x88\x01\x01\x12\x31\n\x11\x61llowed_sequences\x18\t \x03(\x0b\x32\x16.mmrl.v1.TokenSequenceB\x07\n\x05_seed\"\"\n\rTokenSequence\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\xa9\x01\n\x11GenerationRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x1e\n\x06images\x18\x02 \x03(\x0b\x32\x0e.mmrl.v1.Image\x12)\n\x08sampling\x18\x03 \x01(\x0b\x32\x17.mmrl.v1.SamplingParams\x12\x16\n\x0e\x61\x64\x61pter_run_id\x18\x04 \x01(\t\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x05 \x01(\x03\"?\n\x0fGenerateRequest\x12,\n\x08requests\x18\x01 \x03(\x0b\x32\x1a.mmrl.v1.GenerationRequest\"V\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\"\x8a\x01\n\x10GenerationResult\x12(\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x13.mmrl.v1.Completion\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x03 \x01(\x03\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\x05\">\n\x10GenerateResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.mmrl.v1.GenerationResult\"C\n\x12LoadAdapterRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0c\n\x04path\x18\x03 \x01(\t\"`\n\x13LoadAdapterResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x17\n\x0fmanifest_sha256\x18\x03 \x01(\t\x12\x0f\n\x07load_ms\x18\x04 \x01(\x01\"\x15\n\x13ListAdaptersRequest\"W\n\rLoadedAdapter\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x17\n\x0fmanifest_sha256\x18\x04 \x01(\t\"@\n\x14ListAdaptersResponse\x12(\n\x08\x61\x64\x61pters\x18\x01 \x03(\x0b\x32\x16.mmrl.v1.LoadedAdapter\"(\n\x16ReleaseAdaptersRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"+\n\x17ReleaseAdaptersResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\"\x1d\n\x0cSleepRequest\x12\r\n\x05level\x18\x01 \x01(\x05\"\x0f\n\rSleepResponse\"\x0f\n\rWakeUpRequest\"\x10\n\x0eWakeUpResponse\"\x15\n\x13GetModelInfoRequest\"\x83\x01\n\x14GetModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x17\n\x0fsleep_supported\x18\x04 \x01(\x08\x12\x18\n\x10max_adapter_runs\x18\x05 \x01(\x05\x32\xfe\x03\n\x0eRolloutService\x12?\n\x08Generate\x12\x18.mmrl.v1.GenerateRequest\x1a\x19.mmrl.v1.GenerateResponse\x12H\n\x0bLoadAdapter\x12\x1b.mmrl.v1.LoadAdapterRequest\x1a\x1c.mmrl.v1.LoadAdapterResponse\x12K\n\x0cListAdapters\x12\x1c.mmrl.v1.ListAdaptersRequest\x1a\x1d.mmrl.v1.ListAdaptersResponse\x12T\n\x0fReleaseAdapters\x12\x1f.mmrl.v1.ReleaseAdaptersRequest\x1a .mmrl.v1.ReleaseAdaptersResponse\x12\x36\n\x05Sleep\x12\x15.mmrl.v1.SleepRequest\x1a\x16.mmrl.v1.SleepResponse\x12\x39\n\x06WakeUp\x12\x16.mmrl.v1.WakeUpRequest\x1a\x17.mmrl.v1.WakeUpResponse\x12K\n\x0cGetModelInfo\x12\x1c.mmrl.v1.GetModelInfoRequest\x1a\x1d.mmrl.v1.GetModelInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -56,18 +56,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOADEDADAPTER']._serialized_end=1129
   _globals['_LISTADAPTERSRESPONSE']._serialized_start=1131
   _globals['_LISTADAPTERSRESPONSE']._serialized_end=1195
-  _globals['_SLEEPREQUEST']._serialized_start=1197
-  _globals['_SLEEPREQUEST']._serialized_end=1226
-  _globals['_SLEEPRESPONSE']._serialized_start=1228
-  _globals['_SLEEPRESPONSE']._serialized_end=1243
-  _globals['_WAKEUPREQUEST']._serialized_start=1245
-  _globals['_WAKEUPREQUEST']._serialized_end=1260
-  _globals['_WAKEUPRESPONSE']._serialized_start=1262
-  _globals['_WAKEUPRESPONSE']._serialized_end=1278
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1280
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1301
-  _globals['_GETMODELINFORESPONSE']._serialized_start=1303
-  _globals['_GETMODELINFORESPONSE']._serialized_end=1408
-  _globals['_ROLLOUTSERVICE']._serialized_start=1411
-  _globals['_ROLLOUTSERVICE']._serialized_end=1835
+  _globals['_RELEASEADAPTERSREQUEST']._serialized_start=1197
+  _globals['_RELEASEADAPTERSREQUEST']._serialized_end=1237
+  _globals['_RELEASEADAPTERSRESPONSE']._serialized_start=1239
+  _globals['_RELEASEADAPTERSRESPONSE']._serialized_end=1282
+  _globals['_SLEEPREQUEST']._serialized_start=1284
+  _globals['_SLEEPREQUEST']._serialized_end=1313
+  _globals['_SLEEPRESPONSE']._serialized_start=1315
+  _globals['_SLEEPRESPONSE']._serialized_end=1330
+  _globals['_WAKEUPREQUEST']._serialized_start=1332
+  _globals['_WAKEUPREQUEST']._serialized_end=1347
+  _globals['_WAKEUPRESPONSE']._serialized_start=1349
+  _globals['_WAKEUPRESPONSE']._serialized_end=1365
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1367
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1388
+  _globals['_GETMODELINFORESPONSE']._serialized_start=1391
+  _globals['_GETMODELINFORESPONSE']._serialized_end=1522
+  _globals['_ROLLOUTSERVICE']._serialized_start=1525
+  _globals['_ROLLOUTSERVICE']._serialized_end=2035
 # @@protoc_insertion_point(module_scope)

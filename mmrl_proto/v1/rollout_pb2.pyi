@@ -129,6 +129,18 @@ class ListAdaptersResponse(_message.Message):
     adapters: _containers.RepeatedCompositeFieldContainer[LoadedAdapter]
     def __init__(self, adapters: _Optional[_Iterable[_Union[LoadedAdapter, _Mapping]]] = ...) -> None: ...
 
+class ReleaseAdaptersRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseAdaptersResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: int
+    def __init__(self, released: _Optional[int] = ...) -> None: ...
+
 class SleepRequest(_message.Message):
     __slots__ = ("level",)
     LEVEL_FIELD_NUMBER: _ClassVar[int]
@@ -152,13 +164,15 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model", "max_model_len", "vocab_size", "sleep_supported")
+    __slots__ = ("model", "max_model_len", "vocab_size", "sleep_supported", "max_adapter_runs")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     SLEEP_SUPPORTED_FIELD_NUMBER: _ClassVar[int]
+    MAX_ADAPTER_RUNS_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     vocab_size: int
     sleep_supported: bool
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., sleep_supported: _Optional[bool] = ...) -> None: ...
+    max_adapter_runs: int
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., sleep_supported: _Optional[bool] = ..., max_adapter_runs: _Optional[int] = ...) -> None: ...

@@ -50,6 +50,11 @@ class RolloutServiceStub:
                 request_serializer=mmrl__proto_dot_v1_dot_rollout__pb2.ListAdaptersRequest.SerializeToString,
                 response_deserializer=mmrl__proto_dot_v1_dot_rollout__pb2.ListAdaptersResponse.FromString,
                 _registered_method=True)
+        self.ReleaseAdapters = channel.unary_unary(
+                '/mmrl.v1.RolloutService/ReleaseAdapters',
+                request_serializer=mmrl__proto_dot_v1_dot_rollout__pb2.ReleaseAdaptersRequest.SerializeToString,
+                response_deserializer=mmrl__proto_dot_v1_dot_rollout__pb2.ReleaseAdaptersResponse.FromString,
+                _registered_method=True)
         self.Sleep = channel.unary_unary(
                 '/mmrl.v1.RolloutService/Sleep',
                 request_serializer=mmrl__proto_dot_v1_dot_rollout__pb2.SleepRequest.SerializeToString,
@@ -92,6 +97,14 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseAdapters(self, request, context):
+        """Unloads every version of a run's adapter (the run ended or paused), so that its room goes to
+        the other runs sharing the replica.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Sleep(self, request, context):
         """Frees accelerator memory for colocated training (vLLM sleep mode; GPU only).
         """
@@ -129,6 +142,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.ListAdapters,
                     request_deserializer=mmrl__proto_dot_v1_dot_rollout__pb2.ListAdaptersRequest.FromString,
                     response_serializer=mmrl__proto_dot_v1_dot_rollout__pb2.ListAdaptersResponse.SerializeToString,
+            ),
+            'ReleaseAdapters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseAdapters,
+                    request_deserializer=mmrl__proto_dot_v1_dot_rollout__pb2.ReleaseAdaptersRequest.FromString,
+                    response_serializer=mmrl__proto_dot_v1_dot_rollout__pb2.ReleaseAdaptersResponse.SerializeToString,
             ),
             'Sleep': grpc.unary_unary_rpc_method_handler(
                     servicer.Sleep,
@@ -228,6 +246,33 @@ class RolloutService:
             '/mmrl.v1.RolloutService/ListAdapters',
             mmrl__proto_dot_v1_dot_rollout__pb2.ListAdaptersRequest.SerializeToString,
             mmrl__proto_dot_v1_dot_rollout__pb2.ListAdaptersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseAdapters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mmrl.v1.RolloutService/ReleaseAdapters',
+            mmrl__proto_dot_v1_dot_rollout__pb2.ReleaseAdaptersRequest.SerializeToString,
+            mmrl__proto_dot_v1_dot_rollout__pb2.ReleaseAdaptersResponse.FromString,
             options,
             channel_credentials,
             insecure,

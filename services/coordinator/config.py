@@ -22,6 +22,8 @@ from services.coordinator.grpo.advantages import Normalize
 from services.coordinator.grpo.credit import VARIANTS
 from services.coordinator.grpo.sampling import STRATEGIES
 
+PRIORITY_BOUND = 1000  # a run's priority lies in [-1000, 1000] (the queue's score packs it with the queue order)
+
 # Settings renamed since: a config that still says the old name is refused with the new one.
 RENAMED_GRPO = {"mazes_per_step": "tasks_per_step", "extra_mazes": "extra_tasks",
                 "dynamic_sampling": "group_sampling ('dynamic' or 'plain')"}
@@ -168,7 +170,8 @@ class Endpoints(_Strict):
 
     env: list[str] = Field(default_factory=list, description="host:port of every env replica.")
     rollout: list[str] = Field(default_factory=list, description="host:port of every rollout replica.")
-    learner: str = Field("", description="host:port of the learner (rank 0).")
+    learner: str = Field("", description="host:port of the learner (rank 0) the run must run on ('' = whichever "
+                                         "learner pool is free first).")
 
 
 class RunConfig(_Strict):
@@ -188,6 +191,10 @@ class RunConfig(_Strict):
     frames: FrameSettings = Field(default_factory=FrameSettings)  # type: ignore[arg-type]
     endpoints: Endpoints = Field(default_factory=Endpoints)  # type: ignore[arg-type]
     steps: int = Field(10, ge=1, le=1_000_000, description="GRPO steps to run.")
+    priority: int = Field(
+        0, ge=-PRIORITY_BOUND, le=PRIORITY_BOUND,
+        description="Place in the run queue while every learner pool is busy: higher starts first, runs of one "
+                    "priority in the order they were queued (a run request's `priority` overrides it).")
     checkpoint_interval: int = Field(5, ge=1, description="Steps between learner checkpoints.")
     max_turns: int = Field(0, ge=0, description="Turn cap per episode (0 = env.max_moves).")
     system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, description="System turn of every conversation.")
@@ -235,13 +242,19 @@ class CoordinatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MMRL_", extra="ignore")
 
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding runs, metrics, events.")
-    api_token: str = Field("", description="Bearer token for /v1 routes ('' = no auth).")
+    api_token: str = Field("", description="Bearer token for /v1 routes, an admin of the tenant 'default' ('' and no "
+                                           "tokens file = no auth).")
+    api_tokens_file: Path | None = Field(None, description=(
+        "YAML file of API tokens, each with its tenant and role (admin or member), and per-tenant limits "
+        "(docs/coordinator.md, \"Tenants\"); e.g. mounted from a Secret. A bad file stops the coordinator at start."))
     shared_root: Path = Field(
         DEFAULT_SHARED_ROOT, description="Shared storage root, the same directory every service uses (/shared in containers)."
     )
     env_addr: str = Field("127.0.0.1:50051", description="Comma-separated env replicas (host:port).")
     rollout_addrs: str = Field("127.0.0.1:50052", description="Comma-separated rollout replicas.")
-    learner_addr: str = Field("127.0.0.1:50053", description="Learner (rank 0) host:port.")
+    learner_addrs: str = Field("127.0.0.1:50053", description=(
+        "Comma-separated learner pools, each the host:port of one learner service's rank 0; each pool holds "
+        "one run at a time, and queued runs start on the first free one (docs/coordinator.md, \"The run queue and learner pools\")."))
     rpc_timeout_s: float = Field(600.0, gt=0, description="Deadline of one gRPC call.")
     rpc_retries: int = Field(3, ge=0, le=20, description="Retries of an UNAVAILABLE gRPC call.")
     resume_runs: bool = Field(True, description="Resume runs left running by a previous coordinator.")
@@ -282,11 +295,24 @@ class CoordinatorSettings(BaseSettings):
     tracing: TracingMode = Field("off", description="OpenTelemetry tracing (MMRL_TRACING): off, otlp "
                                  "(OTEL_EXPORTER_OTLP_* variables) or console; one trace per GRPO step.")
 
-    def endpoints_for(self, config: RunConfig) -> Endpoints:
+    @model_validator(mode="after")
+    def _names_a_pool(self) -> CoordinatorSettings:
+        if not self.pools:
+            raise ValueError("MMRL_LEARNER_ADDRS names no learner (host:port, comma-separated)")
+        return self
+
+    @property
+    def pools(self) -> list[str]:
+        """The learner pools, in the order the scheduler tries them."""
+        return _addresses(self.learner_addrs)
+
+    def endpoints_for(self, config: RunConfig, learner: str) -> Endpoints:
+        """The services a run talks to: its config's endpoints, else the configured replicas, and the
+        learner pool the scheduler gave it."""
         return Endpoints(
             env=config.endpoints.env or _addresses(self.env_addr),
             rollout=config.endpoints.rollout or _addresses(self.rollout_addrs),
-            learner=config.endpoints.learner or self.learner_addr,
+            learner=learner,
         )
 
 

@@ -13,6 +13,11 @@
 4. the newest K versions of each run stay loaded (K =
    `adapter_retention`), older ones are retired: new requests for them get NOT_FOUND, and they are
    unloaded from the engine as soon as no running request uses them.
+
+The adapters of up to `max_adapter_runs` runs are kept at once (several learner pools share a
+replica, each training its own run); loading a further run's retires the least recently loaded
+run's. `ReleaseAdapters(run_id)` retires every version of a run that ended or paused, so its room
+goes to the runs still sampling.
 """
 
 from __future__ import annotations
@@ -121,6 +126,17 @@ class AdapterRegistry:
             adapter.in_flight += 1
             refs.append(adapter.ref)
         return refs
+
+    async def release_run(self, run_id: str) -> int:
+        """Retires every version of the run (unloaded once no request uses it); how many there were."""
+        async with self._lock:
+            adapters = [a for a in self._live.values() if a.run_id == run_id]
+            for adapter in adapters:
+                await self._retire(adapter)
+            self._runs.pop(run_id, None)
+        if adapters:
+            log.info("run's adapters released", extra={"run_id": run_id, "versions": [a.version for a in adapters]})
+        return len(adapters)
 
     async def release(self, refs: Sequence[AdapterRef | None]) -> None:
         """Ends the use `acquire` started: every count is decremented first, then each retired adapter

@@ -78,11 +78,13 @@ class RolloutConfig(BaseModel):
     max_lora_rank: LoraRank = 16
     """Largest LoRA rank accepted (vLLM sizes its adapter slots by it; one of vLLM's supported sizes)."""
     max_loras: int = Field(default=2, ge=1)
-    """Distinct adapters usable within one engine step (vLLM LoRA slots)."""
+    """Distinct adapters usable within one engine step (vLLM LoRA slots): at least the number of learner pools
+    sharing the replica, so that every active run's requests batch together."""
     adapter_retention: int = Field(default=2, ge=2)
     """K: the newest K versions of each run stay loaded; older ones are unloaded (then NOT_FOUND)."""
     max_adapter_runs: int = Field(default=2, ge=1)
-    """Runs whose adapters are kept at once; loading a further run unloads the least recently loaded one."""
+    """Runs whose adapters are kept at once; loading a further run unloads the least recently loaded one. At
+    least the number of learner pools sharing the replica (a coordinator with more refuses to start runs)."""
     adapter_probe: Literal["required", "if_present", "off"] = "required"
     """After each LoadAdapter, score the probe the learner wrote into the version's manifest under the loaded
     adapter and under the base model, and refuse the version (FAILED_PRECONDITION naming this replica and the

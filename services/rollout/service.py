@@ -163,6 +163,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         ])
 
     @_status_on_error
+    async def ReleaseAdapters(self, request: rollout_pb2.ReleaseAdaptersRequest,
+                              context: grpc.aio.ServicerContext) -> rollout_pb2.ReleaseAdaptersResponse:
+        ready = self._get_ready()
+        return rollout_pb2.ReleaseAdaptersResponse(released=await ready.adapters.release_run(request.run_id))
+
+    @_status_on_error
     async def Sleep(self, request: rollout_pb2.SleepRequest,
                     context: grpc.aio.ServicerContext) -> rollout_pb2.SleepResponse:
         ready = self._get_ready()
@@ -209,7 +215,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                            context: grpc.aio.ServicerContext) -> rollout_pb2.GetModelInfoResponse:
         info = self._get_ready().engine.info
         return rollout_pb2.GetModelInfoResponse(model=info.name, max_model_len=info.max_model_len,
-                                                vocab_size=info.vocab_size, sleep_supported=info.sleep_supported)
+                                                vocab_size=info.vocab_size, sleep_supported=info.sleep_supported,
+                                                max_adapter_runs=self.config.max_adapter_runs)
 
 
 def _gave_up(context: grpc.aio.ServicerContext) -> bool:

@@ -24,7 +24,7 @@ def _settings(redis_url: str, tmp_path: Path, token: str = "") -> CoordinatorSet
     dead = [f"127.0.0.1:{free_port()}" for _ in range(3)]
     return CoordinatorSettings(
         redis_url=f"{redis_url}/2", api_token=token, shared_root=tmp_path, env_addr=dead[0],
-        rollout_addrs=dead[1], learner_addr=dead[2], rpc_timeout_s=5, rpc_retries=0, resume_runs=False,
+        rollout_addrs=dead[1], learner_addrs=dead[2], rpc_timeout_s=5, rpc_retries=0, resume_runs=False,
         allowed_models=f"some/model,{tmp_path.parent}", allowed_endpoints=",".join(OTHER_LEARNERS),
     )
 
@@ -149,27 +149,10 @@ def test_readiness_fails_without_redis(tmp_path: Path) -> None:
     assert reply.json()["checks"] == {"redis": False}
 
 
-def test_a_learner_takes_one_run_at_a_time(client: TestClient, tiny_model_dir: Path,
-                                          held_runs: threading.Event) -> None:
-    first = client.post("/v1/runs", json={"config": _config(str(tiny_model_dir))}).json()["id"]
-    _wait_for_state(client, first, {"running"})
-    reply = client.post("/v1/runs", json={"config": _config(str(tiny_model_dir))})
-    assert reply.status_code == 409 and f"busy with run '{first}'" in reply.json()["detail"]
-    assert [r["id"] for r in client.get("/v1/runs").json()["runs"]] == [first]  # nothing recorded
-
-    # Another learner is free.
-    elsewhere = _config(str(tiny_model_dir), endpoints={"learner": OTHER_LEARNERS[0]})
-    assert client.post("/v1/runs", json={"config": elsewhere}).status_code == 201
-
-    held_runs.set()
-    _wait_for_state(client, first, {"succeeded"})
-    assert client.post("/v1/runs", json={"config": _config(str(tiny_model_dir))}).status_code == 201
-
-
-def test_runs_left_running_on_one_learner_resume_newest_first_and_the_others_wait_paused(
+def test_runs_left_running_on_one_learner_resume_newest_first_and_the_others_wait_in_the_queue(
     redis_url: str, tmp_path: Path, tiny_model_dir: Path, held_runs: threading.Event
 ) -> None:
-    from services.coordinator.ops.store import RunStore
+    from services.coordinator.ops.store import RunState, RunStore
 
     async def leave_running() -> list[str]:
         store = RunStore.from_url(f"{redis_url}/2")
@@ -177,7 +160,7 @@ def test_runs_left_running_on_one_learner_resume_newest_first_and_the_others_wai
         ids = []
         for name in ("older", "newer"):
             run = await store.create_run(f"{name}-run", name, _config(str(tiny_model_dir)), 2)
-            await store.update_run(run["id"], state="running")
+            await store.set_state(run["id"], RunState.RUNNING)
             ids.append(run["id"])
             await asyncio.sleep(0.01)  # distinct creation times
         await store.close()
@@ -187,12 +170,11 @@ def test_runs_left_running_on_one_learner_resume_newest_first_and_the_others_wai
     settings = _settings(redis_url, tmp_path).model_copy(update={"resume_runs": True})
     with TestClient(create_app(settings)) as resumed:
         _wait_for_state(resumed, newer, {"running"})
-        run = _wait_for_state(resumed, older, {"paused"})
-        assert run["failure_reason"].startswith(f"not resumed: the learner at {settings.learner_addr} is busy")
-        assert resumed.post(f"/v1/runs/{older}/resume").status_code == 409
+        run = _wait_for_state(resumed, older, {"queued"})
+        assert run["failure_reason"] == f"re-queued: the learner at {settings.learner_addrs} is busy with run {newer!r}"
+        assert run["queue_position"] == 1
         held_runs.set()
         _wait_for_state(resumed, newer, {"succeeded"})
-        assert resumed.post(f"/v1/runs/{older}/resume").json()["state"] == "pending"
         _wait_for_state(resumed, older, {"succeeded"})
 
 
@@ -222,7 +204,7 @@ def test_runs_left_running_resume_when_redis_comes_up_after_the_coordinator(
     tmp_path: Path, tiny_model_dir: Path, held_runs: threading.Event
 ) -> None:
     from services.common.procs import start_redis, stop_process
-    from services.coordinator.ops.store import RunStore
+    from services.coordinator.ops.store import RunState, RunStore
 
     port, data = free_port(), tmp_path / "redis"
     url = f"redis://127.0.0.1:{port}/0"
@@ -230,7 +212,7 @@ def test_runs_left_running_resume_when_redis_comes_up_after_the_coordinator(
     async def leave_running() -> str:
         store = RunStore.from_url(url)
         run = await store.create_run("left-run", "left", _config(str(tiny_model_dir)), 2)
-        await store.update_run(run["id"], state="running")
+        await store.set_state(run["id"], RunState.RUNNING)
         await store.close()
         return str(run["id"])
 

@@ -24,7 +24,7 @@ def settings(redis_url: str, tmp_path: Path) -> CoordinatorSettings:
     redis.Redis.from_url(f"{redis_url}/4").flushdb()
     dead = [f"127.0.0.1:{free_port()}" for _ in range(3)]
     return CoordinatorSettings(redis_url=f"{redis_url}/4", api_token=TOKEN, shared_root=tmp_path / "shared",
-                               env_addr=dead[0], rollout_addrs=dead[1], learner_addr=dead[2], rpc_timeout_s=5,
+                               env_addr=dead[0], rollout_addrs=dead[1], learner_addrs=dead[2], rpc_timeout_s=5,
                                rpc_retries=0, resume_runs=False, max_request_bytes=64 * 1024,
                                allowed_models="org/allowed-model", allowed_endpoints=",".join(LEARNERS))
 
@@ -99,7 +99,7 @@ def test_endpoints_and_models_outside_the_deployment_are_refused(client: TestCli
         assert reply.status_code == 422, (field, reply.text)
         assert field in reply.json()["detail"][0]["msg"]
     assert client.get("/v1/runs").json()["total"] == 0
-    configured = _body(endpoints={"learner": settings.learner_addr}, model=str(settings.shared_root / "models" / "m"))
+    configured = _body(endpoints={"learner": settings.learner_addrs}, model=str(settings.shared_root / "models" / "m"))
     assert client.post("/v1/runs", json=configured).status_code == 201
 
 
@@ -118,7 +118,7 @@ def test_runs_are_listed_a_page_at_a_time_without_their_configs(client: TestClie
 def test_the_openapi_declares_the_error_replies(client: TestClient) -> None:
     paths = client.get("/openapi.json").json()["paths"]
     create = paths["/v1/runs"]["post"]["responses"]
-    assert {"401", "409", "413", "422", "503"} <= set(create)
+    assert {"401", "413", "422", "503"} <= set(create)
     control = paths["/v1/runs/{run_id}/{action}"]["post"]["responses"]
     assert {"401", "404", "409", "422"} <= set(control)
     assert {"401", "404"} <= set(paths["/v1/runs/{run_id}"]["get"]["responses"])

@@ -43,7 +43,7 @@ def client(recorded: tuple[str, Path]) -> Iterator[TestClient]:
     url, shared_root = recorded
     dead = [f"127.0.0.1:{free_port()}" for _ in range(3)]
     settings = CoordinatorSettings(redis_url=url, api_token=TOKEN, shared_root=shared_root, env_addr=dead[0],
-                                   rollout_addrs=dead[1], learner_addr=dead[2], resume_runs=False)
+                                   rollout_addrs=dead[1], learner_addrs=dead[2], resume_runs=False)
     with TestClient(create_app(settings)) as test_client:
         test_client.headers["Authorization"] = f"Bearer {TOKEN}"
         yield test_client

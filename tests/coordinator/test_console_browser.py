@@ -1,7 +1,8 @@
 """The console in a real headless browser (Debian's chromium driven by playwright) against a real
 coordinator process and Redis holding a finished tiny run (tests/coordinator/finished_run.py):
 the run list, the curves, an episode's frames and keyboard stepping, the comparison of two eval
-steps and the API docs, with no request leaving the machine.
+steps and the API docs, with no request leaving the machine; then the run queue, reordered and
+cut short from the page.
 
 Screenshots go to $MMRL_SCREENSHOTS_DIR when it is set (docs/images for the docs), else to the
 test's temporary directory.
@@ -12,9 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,11 +24,13 @@ import redis
 
 from services.common.procs import free_port, stop_process
 from services.coordinator.ops.store import RunStore
+from tests.coordinator.coordinator_process import serve_coordinator
 from tests.coordinator.finished_run import record_with_env_server
 
 pytestmark = pytest.mark.slow
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 TOKEN = "browser-token"
+POOL = f"127.0.0.1:{free_port()}"  # the coordinator's one learner pool (nothing listens there)
 ROOT = Path(__file__).resolve().parents[2]
 ALL_FRAMES_LOADED = """() => {
   const images = [...document.querySelectorAll('.turns img')];
@@ -46,19 +46,9 @@ def coordinator(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     asyncio.run(record_with_env_server(url, shared_root))
     port = free_port()
     env = {**os.environ, "MMRL_REDIS_URL": url, "MMRL_SHARED_ROOT": str(shared_root), "MMRL_API_TOKEN": TOKEN,
-           "MMRL_RESUME_RUNS": "false", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "mmrl.cli.main", "serve", "coordinator", "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, cwd=ROOT)
+           "MMRL_RESUME_RUNS": "false", "MMRL_LEARNER_ADDRS": POOL, "MMRL_ALLOWED_MODELS": "some/model"}
+    proc = serve_coordinator(env, port)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, "the coordinator did not start"
-        time.sleep(0.2)
     yield base, url
     stop_process(proc)
 
@@ -178,3 +168,40 @@ def test_the_console_shows_the_run_its_curves_and_every_frame_of_an_episode(
     page.wait_for_selector(".swagger-ui .info .title")
     assert "MMRL coordinator" in page.locator(".swagger-ui .info .title").inner_text()
     assert outside == []
+
+
+def test_the_console_shows_the_queue_in_order_and_reorders_and_removes_its_runs(
+        coordinator: tuple[str, str], browser_page: tuple[Any, list[str]], tmp_path: Path) -> None:
+    (base, redis_url), (page, outside) = coordinator, browser_page
+    r = redis.Redis.from_url(redis_url, decode_responses=True)  # another coordinator's run holds the pool
+    r.hset("mmrl:run:holder", mapping={"id": "holder", "name": "holder", "state": "running", "config": "{}", "step": 1,
+                                       "steps": 9, "created_at": 1, "updated_at": 1, "learner": POOL})
+    r.set(f"mmrl:learner:{POOL}", "holder")
+    r.set("mmrl:run:holder:lease", "elsewhere", px=120_000)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    ids = [httpx.post(f"{base}/v1/runs", headers=headers, timeout=10,
+                      json={"config": {"name": name, "model": "some/model", "steps": 1}}).json()["id"]
+           for name in ("first-in", "second-in")]
+    try:
+        page.goto(f"{base}/ui/")
+        page.fill("#token-input", TOKEN)
+        page.click("#token-form button")
+        rows = page.locator("table.queue tbody tr")
+        rows.first.wait_for()
+        assert [rows.nth(i).get_attribute("data-run") for i in range(rows.count())] == ids
+        assert "#2 in the queue" in page.locator("table.runs tbody tr", has_text="second-in").inner_text()
+        (_screenshots() or tmp_path).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str((_screenshots() or tmp_path) / "console-queue.png"))
+
+        rows.nth(1).get_by_title("Raise its priority").click()  # second-in: priority 1, so first
+        page.wait_for_function(f"""() => document.querySelector('table.queue tbody tr')
+            .getAttribute('data-run') === {ids[1]!r}""")
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.locator(f'table.queue tr[data-run="{ids[0]}"]').get_by_role("button", name="Remove").click()
+        page.wait_for_function("() => document.querySelectorAll('table.queue tbody tr').length === 1")
+        assert httpx.get(f"{base}/v1/runs/{ids[0]}", headers=headers, timeout=10).json()["state"] == "stopped"
+        assert page.locator(".error").count() == 0 and outside == []
+    finally:
+        for run_id in ids:
+            httpx.post(f"{base}/v1/runs/{run_id}/stop", headers=headers, timeout=10)
+        r.hset("mmrl:run:holder", "state", "succeeded")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 
-from services.coordinator.config import CoordinatorSettings, RunConfig
+from services.coordinator.config import CoordinatorSettings
 from services.coordinator.grpo.runloop import serve_request
 from services.coordinator.ops.manager import RunManager, TransitionError
 from services.coordinator.ops.store import RunState
@@ -34,7 +34,7 @@ async def test_a_change_decided_on_a_state_written_meanwhile_is_decided_again(st
         return {} if run["state"] == "succeeded" else {"desired": "pause"}
 
     assert await store.change_run("r1", decide) == {}
-    assert seen == ["pending", "succeeded"]
+    assert seen == ["queued", "succeeded"]
     assert (await store.get_run("r1"))["desired"] == ""
     other.close()
 
@@ -68,7 +68,7 @@ def test_a_step_boundary_serves_a_stop_and_a_pause_whose_checkpoint_is_saved() -
 async def test_a_stop_after_the_loop_has_paused_the_run_stops_it(store: Any, tmp_path: Path) -> None:
     manager = RunManager(store, CoordinatorSettings(shared_root=tmp_path, resume_runs=False))
     await _paused_run(store)  # the loop has just paused the run; its task is still ending
-    manager.claim_learner("r1", RunConfig.model_validate(CONFIG))
+    manager.learners["r1"] = manager.settings.pools[0]  # launched here
     ending = asyncio.Event()
 
     async def loop_ending() -> None:

@@ -4,6 +4,7 @@ a bad one is rejected with its reason, and files survive a coordinator restart w
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -57,6 +58,22 @@ def test_a_config_dropped_into_the_inbox_starts_one_run_and_moves_to_started(
         assert [r["id"] for r in client.get("/v1/runs", params={"trigger_source": "inbox"}).json()["runs"]] == [run["id"]]
         time.sleep(0.5)  # more scans find nothing new
         assert len(_runs(client)) == 1 and list((shared / "inbox").glob("*.yaml")) == []
+
+
+def test_a_file_dropped_while_its_learner_runs_another_run_queues_its_run_and_moves_to_started(
+        redis_url: str, shared: Path, tmp_path: Path, tiny_model_dir: Path, held_runs: threading.Event) -> None:
+    busy = run_config("first", model=str(tiny_model_dir))
+    with coordinator(redis_url, shared, tmp_path) as client:
+        drop(shared / "inbox", "first.yaml", busy)
+        [first] = wait_for(client, "/v1/runs", lambda r: [x for x in r["runs"] if x["state"] == "running"])["runs"]
+        drop(shared / "inbox", "second.yaml", {**busy, "name": "second"})  # the same learner
+        assert wait_for_file(shared / "inbox" / "started" / "second.yaml")
+        [second] = client.get("/v1/runs", params={"state": "queued"}).json()["runs"]
+        assert (second["name"], second["queue_position"]) == ("second", 1)
+        assert not (shared / "inbox" / "rejected").exists() or not list((shared / "inbox" / "rejected").iterdir())
+        held_runs.set()
+        wait_for(client, f"/v1/runs/{second['id']}", lambda r: r["state"] == "succeeded")
+        assert client.get(f"/v1/runs/{first['id']}").json()["state"] == "succeeded"
 
 
 def test_a_bad_inbox_file_moves_to_rejected_beside_its_reason_and_starts_nothing(

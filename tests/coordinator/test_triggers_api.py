@@ -187,15 +187,19 @@ def test_a_dataset_object_starts_the_named_config_with_the_dataset_as_an_env_opt
     assert config["env"]["options"] == {"goal": "3,3", "dataset": uri}
 
 
-def test_a_busy_learner_rejects_the_event_without_claiming_it_so_a_redelivery_starts_it(
+def test_an_event_during_a_run_on_the_same_learner_queues_its_run_which_starts_after_it(
         client: TestClient, tmp_path: Path, tiny_model_dir: Path, held_runs: object) -> None:
     config = run_config("busy", model=str(tiny_model_dir))
     put_object(tmp_path / "buckets", "mmrl/configs/one.yaml", config)
     put_object(tmp_path / "buckets", "mmrl/configs/two.yaml", {**config, "name": "two"})  # the same learner
     first = client.post("/v1/triggers/s3", json=eventbridge("mmrl/configs/one.yaml", "a1")).json()["outcomes"][0]
     wait_for(client, f"/v1/runs/{first['run_id']}", lambda r: r["state"] == "running")
-    busy = client.post("/v1/triggers/s3", json=eventbridge("mmrl/configs/two.yaml", "b2"))
-    assert busy.status_code == 409 and "busy" in busy.json()["detail"]
+    queued = client.post("/v1/triggers/s3", json=eventbridge("mmrl/configs/two.yaml", "b2"))
+    assert queued.status_code == 201, queued.text
+    second = queued.json()["outcomes"][0]["run_id"]
+    assert client.get(f"/v1/runs/{second}").json()["queue_position"] == 1
+    again = client.post("/v1/triggers/s3", json=eventbridge("mmrl/configs/two.yaml", "b2"))  # a redelivery
+    assert again.status_code == 200 and again.json()["outcomes"][0]["run_id"] == second
     held_runs.set()  # type: ignore[attr-defined]
     wait_for(client, f"/v1/runs/{first['run_id']}", lambda r: r["state"] == "succeeded")
-    assert client.post("/v1/triggers/s3", json=eventbridge("mmrl/configs/two.yaml", "b2")).status_code == 201
+    wait_for(client, f"/v1/runs/{second}", lambda r: r["state"] == "succeeded")

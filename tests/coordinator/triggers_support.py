@@ -81,7 +81,7 @@ def put_object(buckets: Path, key: str, config: dict[str, Any], bucket: str = BU
 def settings(redis_url: str, shared: Path, token: str = TOKEN) -> CoordinatorSettings:
     dead = [f"127.0.0.1:{free_port()}" for _ in range(3)]
     return CoordinatorSettings(redis_url=f"{redis_url}/3", api_token=token, shared_root=shared, env_addr=dead[0],
-                               rollout_addrs=dead[1], learner_addr=dead[2], rpc_timeout_s=5, rpc_retries=0,
+                               rollout_addrs=dead[1], learner_addrs=dead[2], rpc_timeout_s=5, rpc_retries=0,
                                resume_runs=False, allowed_models=f"some/model,{tempfile.gettempdir()}", allowed_endpoints=",".join(LEARNERS))
 
 

@@ -9,6 +9,7 @@ KUSTOMIZATIONS = {
     "base": K8S_DIR / "base",
     "local": K8S_DIR / "overlays" / "local",
     "hyperpod": K8S_DIR / "overlays" / "hyperpod",
+    "local-pools": K8S_DIR / "overlays" / "local-pools",
 }
 
 

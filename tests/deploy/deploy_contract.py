@@ -30,7 +30,7 @@ ENV_EXAMPLE = REPO_ROOT / ".env.example"
 CONTRACT_PORTS = {"env": 50051, "rollout": 50052, "learner": 50053, "coordinator": 8000, "redis": 6379}
 RENDEZVOUS_PORT = 29400
 # The variables that hold service addresses, and the service each must reach.
-ADDRESS_VARIABLES = {"MMRL_ENV_ADDR": "env", "MMRL_ROLLOUT_ADDRS": "rollout", "MMRL_LEARNER_ADDR": "learner"}
+ADDRESS_VARIABLES = {"MMRL_ENV_ADDR": "env", "MMRL_ROLLOUT_ADDRS": "rollout", "MMRL_LEARNER_ADDRS": "learner"}
 # Dockerfile target -> the service its image runs.
 SERVICE_TARGETS = {
     "env": "env",

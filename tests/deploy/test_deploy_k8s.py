@@ -28,7 +28,8 @@ from deploy_contract import (
 )
 
 Manifests = dict[str, list[dict[str, Any]]]
-OVERLAYS = ("local", "hyperpod")
+OVERLAYS = ("local", "hyperpod", "local-pools")
+POOL_STATEFULSETS = {"local-pools": ["learner", "learner-b"]}  # one StatefulSet per learner pool
 # The oldest release the manifests claim (HyperPod EKS supports 1.30 on) and the newest bundled.
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 GPU_NODE_TYPE = "ml.g7e.12xlarge"
@@ -47,8 +48,8 @@ def test_every_kustomization_renders_offline_into_the_expected_workloads(manifes
         assert kinds == {
             ("Deployment", "env"),
             ("Deployment", "coordinator"),
-            ("StatefulSet", "learner"),
             ("StatefulSet", "redis"),
+            *(("StatefulSet", pool) for pool in POOL_STATEFULSETS.get(name, ["learner"])),
         }, name
 
 
@@ -373,7 +374,7 @@ def test_the_api_token_comes_from_a_secret_generated_only_by_the_local_overlay(m
         secrets = [o for o in objs if o["kind"] == "Secret"]
         grpc_refs = {ref["secretRef"]["name"] for ref in coordinator["envFrom"] if "secretRef" in ref}
         assert len(grpc_refs) == 1, "the gRPC token Secret"
-        if overlay == "local":
+        if overlay.startswith("local"):
             assert sorted(s["metadata"]["name"] for s in secrets) == sorted([secret_name, *grpc_refs])
         else:
             assert secrets == [], f"{overlay} must not carry a Secret: it is created on the cluster"
@@ -382,7 +383,8 @@ def test_the_api_token_comes_from_a_secret_generated_only_by_the_local_overlay(m
 
 def test_every_grpc_party_reads_the_grpc_token(manifests: Manifests) -> None:
     for overlay, objs in manifests.items():
-        for kind, name in (("Deployment", "coordinator"), ("Deployment", "env"), ("StatefulSet", "learner")):
+        pools = (("StatefulSet", pool) for pool in POOL_STATEFULSETS.get(overlay, ["learner"]))
+        for kind, name in (("Deployment", "coordinator"), ("Deployment", "env"), *pools):
             for spec in find(objs, kind, name)["spec"]["template"]["spec"]["containers"]:
                 refs = [r["secretRef"]["name"] for r in spec.get("envFrom", []) if "secretRef" in r]
                 assert any(r.startswith("mmrl-grpc-token") for r in refs), (overlay, name, spec["name"])
@@ -407,6 +409,7 @@ RUN_CONFIGS = {
     "base": ("maze-tiny-cpu.yaml", {"model": "/shared/models/tiny"}),
     "local": ("maze-tiny-cpu.yaml", {"model": "/shared/models/tiny"}),
     "hyperpod": ("qwen3-vl-8b-hyperpod.yaml", {}),
+    "local-pools": ("maze-tiny-cpu.yaml", {"model": "/shared/models/tiny"}),
 }
 
 
@@ -443,3 +446,28 @@ def test_each_overlay_gives_the_rollout_engine_a_parallel_layout_that_fits_its_n
     config = RolloutConfig.model_validate({"model": "m", **yaml.safe_load(config_map["data"]["rollout.yaml"])})
     config.check_backend(on_cpu=gpus == 0)
     assert config.gpus_per_service == max(gpus, 1)  # every GPU of the node serves rollouts
+
+
+def test_the_pools_overlay_lists_every_pool_and_its_rollout_keeps_every_pools_run(manifests: Manifests) -> None:
+    from services.rollout.config import RolloutConfig
+
+    objs = manifests["local-pools"]
+    pools = settings(objs)["MMRL_LEARNER_ADDRS"].split(",")
+    assert len(pools) == len(POOL_STATEFULSETS["local-pools"]) == 2
+    rank0s = set()
+    for address in pools:  # each pool's address reaches rank 0 of a StatefulSet of its own
+        host, _ = split_address(address)
+        service = find(objs, "Service", host)
+        [owner] = [w for w in workloads(objs) if any(selects(service["spec"]["selector"], p) for p in pod_labels(w))]
+        rank0s.add(owner["metadata"]["name"])
+        probe = " ".join(container(owner, "learner")["readinessProbe"]["exec"]["command"])
+        env = {e["name"]: e.get("value") for e in container(owner, "learner").get("env", [])}
+        assert '"$POOL_RANK0"' in probe and env["POOL_RANK0"] == address  # other ranks report on their own pool
+    assert rank0s == set(POOL_STATEFULSETS["local-pools"])
+    learner = find(objs, "StatefulSet", "learner")
+    volume = next(v for v in pod_spec(learner)["volumes"] if v["name"] == "rollout-config")  # type: ignore[index]
+    config_map = find(objs, "ConfigMap", volume["configMap"]["name"])
+    config = RolloutConfig.model_validate({"model": "m", **yaml.safe_load(config_map["data"]["rollout.yaml"])})
+    assert config.max_adapter_runs >= len(pools) and config.max_loras >= len(pools)
+    run_defaults = next(o for o in objs if o["kind"] == "ConfigMap" and "run-defaults.yaml" in o.get("data", {}))
+    assert yaml.safe_load(run_defaults["data"]["run-defaults.yaml"])["colocated"] is False  # replicas are shared

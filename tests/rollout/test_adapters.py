@@ -162,6 +162,22 @@ async def test_a_further_run_beyond_max_runs_unloads_the_least_recently_loaded_r
     assert sorted(ref.name for ref in engine.adapters.values()) == ["b-v1", "c-v1"]
 
 
+async def test_a_released_run_leaves_its_room_to_the_runs_still_sampling(
+        registry: AdapterRegistry, engine: FakeEngine, shared: Path) -> None:
+    for run_id, version in (("a", 1), ("a", 2), ("b", 1)):
+        publish(shared, run_id, version)
+        await registry.load(run_id, version, "")
+    [ref] = registry.acquire([AdapterKey("a", 2)])  # a request still running with a's newest version
+    assert await registry.release_run("a") == 2 and await registry.release_run("nobody") == 0
+    assert _loaded(registry) == [("b", 1)]
+    assert sorted(r.name for r in engine.adapters.values()) == ["a-v2", "b-v1"]  # a-v2 until its request ends
+    await registry.release([ref])
+    assert sorted(r.name for r in engine.adapters.values()) == ["b-v1"]
+    publish(shared, "c", 1)
+    await registry.load("c", 1, "")  # the third run fits beside b: nothing of b's goes
+    assert _loaded(registry) == [("b", 1), ("c", 1)]
+
+
 async def test_an_adapter_of_too_large_a_rank_is_refused(registry: AdapterRegistry, shared: Path) -> None:
     publish(shared, "run", 1, rank=32)
     with pytest.raises(FailedPrecondition, match="LoRA rank 32 exceeds the service's max_lora_rank 16"):

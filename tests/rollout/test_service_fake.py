@@ -110,6 +110,11 @@ async def test_generate_returns_results_in_request_order_with_the_adapter_versio
     assert list(reply.results[0].completions[0].logprobs) == [-1.0] * 3
     (listed,) = (await service.stub.ListAdapters(rollout_pb2.ListAdaptersRequest())).adapters
     assert (listed.run_id, listed.version, listed.manifest_sha256) == ("run", 7, loaded.manifest_sha256)
+    released = await service.stub.ReleaseAdapters(rollout_pb2.ReleaseAdaptersRequest(run_id="run"))
+    assert released.released == 1
+    assert not (await service.stub.ListAdapters(rollout_pb2.ListAdaptersRequest())).adapters
+    assert await _code(service.stub.Generate(rollout_pb2.GenerateRequest(requests=[_request(7, "run")]))) \
+        == grpc.StatusCode.NOT_FOUND
 
 
 async def test_a_frame_sent_again_is_not_decoded_again_and_reaches_the_engine_with_its_digest(
@@ -152,6 +157,7 @@ async def test_model_info_and_reflection_describe_the_service(service: Service) 
     await _attach(service)
     info = await service.stub.GetModelInfo(rollout_pb2.GetModelInfoRequest())
     assert (info.model, info.max_model_len, info.vocab_size, info.sleep_supported) == ("fake", 128, 512, False)
+    assert info.max_adapter_runs == CONFIG.max_adapter_runs
     reflection = reflection_pb2_grpc.ServerReflectionStub(service.channel)
     replies = reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
     names = [s.name async for reply in replies for s in reply.list_services_response.service]

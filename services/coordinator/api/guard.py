@@ -1,5 +1,6 @@
 """An ASGI middleware that guards the API before any route reads a body: the bearer token of /v1
-routes is checked first (401 without reading the body), then the body size (413 over
+routes is checked first, against every configured token (401 without reading the body; which tenant
+it speaks for is the routes' business, api/deps.py), then the body size (413 over
 `max_request_bytes`: by Content-Length before reading, and while reading a body sent without one)."""
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ async def _reply(send: Send, status: int, detail: str, headers: dict[str, str] |
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, token: str, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, tokens: list[str], max_bytes: int) -> None:
         self.app = app
-        self.expected = f"Bearer {token}".encode() if token else b""
+        self.expected = [token.encode() for token in tokens]
         self.max_bytes = max_bytes
 
     def _authorized(self, scope: Scope) -> bool:
@@ -35,7 +36,8 @@ class RequestGuard:
             return True
         given = dict(scope.get("headers") or []).get(b"authorization", b"")
         scheme, _, credentials = given.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(b"Bearer " + credentials.strip(), self.expected)
+        matches = [hmac.compare_digest(credentials.strip(), token) for token in self.expected]  # each, every time
+        return scheme.lower() == b"bearer" and any(matches)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -70,5 +72,5 @@ class RequestGuard:
         await self.app(scope, counted_receive, guarded_send)
 
 
-def install(app: Any, token: str, max_bytes: int) -> None:
-    app.add_middleware(RequestGuard, token=token, max_bytes=max_bytes)
+def install(app: Any, tokens: list[str], max_bytes: int) -> None:
+    app.add_middleware(RequestGuard, tokens=tokens, max_bytes=max_bytes)

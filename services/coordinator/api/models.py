@@ -6,13 +6,22 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.coordinator.config import RunConfig
+from services.coordinator.config import PRIORITY_BOUND, RunConfig
 
 
 class RunCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     config: RunConfig = Field(..., description="The run configuration (configs/*.yaml as JSON).")
+    priority: int | None = Field(None, ge=-PRIORITY_BOUND, le=PRIORITY_BOUND,
+                                 description="Place in the run queue (higher starts first); null: the config's.")
+
+
+class RunUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    priority: int = Field(..., ge=-PRIORITY_BOUND, le=PRIORITY_BOUND,
+                          description="The run's new priority: a queued run moves to its place in the queue.")
 
 
 class RunSummary(BaseModel):
@@ -20,7 +29,7 @@ class RunSummary(BaseModel):
 
     id: str
     name: str
-    state: str = Field(..., description="pending, running, paused, succeeded, failed or stopped.")
+    state: str = Field(..., description="queued, pending, running, paused, succeeded, failed or stopped.")
     step: int = Field(..., description="Steps completed.")
     steps: int = Field(..., description="Steps the run will take.")
     created_at: float
@@ -29,6 +38,12 @@ class RunSummary(BaseModel):
     checkpoint_step: int
     adapter_version: int
     desired: str = Field("", description="A pause or stop requested but not yet applied.")
+    tenant: str = Field(..., description="The tenant the run belongs to (docs/coordinator.md, \"Tenants\").")
+    priority: int = Field(..., description="Its priority in the run queue (higher starts first).")
+    queue_position: int | None = Field(
+        None, description="Its place in the run queue while queued (1 = the next to start); null otherwise.")
+    learner: str = Field("", description="The learner pool (rank 0's host:port) the run holds or last held; '' "
+                                         "while queued.")
     trigger: dict[str, Any] | None = Field(
         None, description="The event that started the run (source, bucket, key, etag or version id, time, rule, "
                           "dataset); null for a run started by POST /v1/runs.")

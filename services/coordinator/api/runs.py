@@ -12,8 +12,8 @@ from fastapi import APIRouter, Header, HTTPException, Query, status
 from fastapi.responses import StreamingResponse
 
 from services.common.messages import shown
-from services.coordinator.api.deps import ManagerDep, RunDep, StoreDep
-from services.coordinator.api.errors import RUN_RESPONSES
+from services.coordinator.api.deps import CallerDep, ManagerDep, RunDep, StoreDep
+from services.coordinator.api.errors import LIMIT_RESPONSES, RUN_RESPONSES
 from services.coordinator.api.models import (
     EpisodeList,
     EvalList,
@@ -22,9 +22,9 @@ from services.coordinator.api.models import (
     RunCreate,
     RunList,
     RunSummary,
+    RunUpdate,
 )
-from services.coordinator.ops.manager import TransitionError
-from services.coordinator.ops.store import TERMINAL
+from services.coordinator.ops.store import TERMINAL, RunState
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 _EVENT_ID = re.compile(r"\d{1,20}(-\d{1,20})?")  # a Redis stream id (SSE Last-Event-ID)
@@ -36,36 +36,42 @@ async def _with_latest(store: StoreDep, run: dict) -> Run:  # type: ignore[type-
     return Run(**run, latest_metrics=metrics[-1] if metrics else None, latest_eval=evals[-1] if evals else None)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=Run,
-             responses={409: RUN_RESPONSES[409]})
-async def create_run(body: RunCreate, store: StoreDep, manager: ManagerDep) -> Run:
-    """Records and starts a run. Its endpoints must be addresses the coordinator is configured with,
-    its model under the shared root or allowed (422 otherwise)."""
-    try:
-        run = await manager.create(body.config)
-    except TransitionError as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=Run, responses=LIMIT_RESPONSES)
+async def create_run(body: RunCreate, store: StoreDep, manager: ManagerDep, caller: CallerDep) -> Run:
+    """Records a run of the caller's tenant in the queue; it starts at once when a learner pool is
+    free (state pending), else it waits (state queued, with its queue position). Its endpoints must be
+    addresses the coordinator is configured with, its model under the shared root or allowed (422
+    otherwise); the tenant's max_queued refuses it with 429."""
+    run = await manager.create(body.config, tenant=caller.tenant, priority=body.priority)
     return await _with_latest(store, run)
 
 
 @router.get("", response_model=RunList)
 async def list_runs(
     store: StoreDep,
+    caller: CallerDep,
     trigger_source: Annotated[str | None, Query(description="runs an event of this source started "
                                                 "(eventbridge, s3-notification, sns, inbox)")] = None,
     trigger_bucket: Annotated[str | None, Query(description="runs an object of this bucket started")] = None,
     trigger_key: Annotated[str | None, Query(description="runs this object key (inbox: file name) started")] = None,
-    state: Annotated[str | None, Query(description="only runs in this state")] = None,
+    state: Annotated[str | None, Query(description="only runs in this state (queued: the queue, in the order "
+                                                    "its runs will start)")] = None,
+    tenant: Annotated[str | None, Query(description="only this tenant's runs (a member sees only its own)")] = None,
     offset: Annotated[int, Query(ge=0, description="skip this many runs (oldest first)")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000, description="page size")] = 100,
 ) -> RunList:
-    """Runs, oldest first, a page at a time, without their configs (GET /v1/runs/{id} has them)."""
+    """The runs the caller may see, oldest first, a page at a time, without their configs (GET
+    /v1/runs/{id} has them); with state=queued, the queue in its order, each run with its
+    queue_position (its place among every tenant's queued runs)."""
     wanted = {k: v for k, v in (("source", trigger_source), ("bucket", trigger_bucket), ("key", trigger_key))
               if v is not None}
-    if wanted or state is not None:
-        matching = [run for run in await store.list_runs()
+    if not caller.admin:
+        tenant = caller.tenant if tenant in (None, caller.tenant) else "\0"  # another tenant's: none
+    if wanted or state is not None or tenant is not None:
+        listed = await store.queued_runs() if state == RunState.QUEUED else await store.list_runs()
+        matching = [run for run in listed
                     if all((run["trigger"] or {}).get(k) == v for k, v in wanted.items())
-                    and (state is None or run["state"] == state)]
+                    and (state is None or run["state"] == state) and (tenant is None or run["tenant"] == tenant)]
         total, page = len(matching), matching[offset:offset + limit]
     else:
         total, page = await store.count_runs(), await store.list_runs(offset, limit)
@@ -78,15 +84,20 @@ async def get_run(run: RunDep, store: StoreDep) -> Run:
     return await _with_latest(store, run)
 
 
-@router.post("/{run_id}/{action}", response_model=Run, responses=RUN_RESPONSES)
+@router.patch("/{run_id}", response_model=Run, responses=RUN_RESPONSES)
+async def update_run(body: RunUpdate, run: RunDep, store: StoreDep, manager: ManagerDep) -> Run:
+    """Changes a run's priority; a queued run moves to its new place in the queue (409 for a run that
+    has ended)."""
+    await manager.set_priority(run["id"], body.priority)
+    return await _with_latest(store, await store.get_run(run["id"]))
+
+
+@router.post("/{run_id}/{action}", response_model=Run, responses={**RUN_RESPONSES, **LIMIT_RESPONSES})
 async def control_run(action: str, run: RunDep, store: StoreDep, manager: ManagerDep) -> Run:
     handlers = {"stop": manager.stop, "pause": manager.pause, "resume": manager.resume}
     if action not in handlers:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown action {action!r}: use stop, pause or resume")
-    try:
-        await handlers[action](run["id"])
-    except TransitionError as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    await handlers[action](run["id"])
     return await _with_latest(store, await store.get_run(run["id"]))
 
 

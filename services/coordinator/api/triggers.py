@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import hmac
 import json
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
@@ -12,7 +12,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
 from services.common.messages import shown
-from services.coordinator.api.deps import SettingsDep, require_token
+from services.coordinator.api.deps import CallerDep, TenantsDep, bearer_token, current_caller
+from services.coordinator.ops.tenants import Caller
 from services.coordinator.triggers import signature
 from services.coordinator.triggers.audit import TriggerOutcome
 from services.coordinator.triggers.dispatch import Triggers
@@ -43,39 +44,48 @@ def get_trigger_settings(request: Request) -> TriggerSettings:
 TriggersDep = Annotated[Triggers, Depends(get_triggers)]
 
 
+@dataclass(frozen=True)
+class AuthorizedEvent:
+    body: bytes
+    tenant: str | None  # a member token's tenant: only its rules apply; None: every rule
+
+
 async def authorized_body(
-    request: Request, settings: SettingsDep,
+    request: Request, tenants: TenantsDep,
     trigger_settings: Annotated[TriggerSettings, Depends(get_trigger_settings)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> bytes:
-    """The raw body, once the request carries the API bearer token or a valid X-MMRL-Signature (open
-    only when neither a token nor a secret is configured)."""
+) -> AuthorizedEvent:
+    """The raw body, once the request carries an API bearer token or a valid X-MMRL-Signature (open
+    only when neither a token nor a secret is configured). A member token may start only its
+    tenant's rules; an admin token and a signature (the deployment's own forwarder) any rule."""
     body = await request.body()
-    token, secret = settings.api_token, trigger_settings.hmac_secret
-    given = credentials.credentials if credentials and credentials.scheme.lower() == "bearer" else ""
-    if token and given and hmac.compare_digest(given.encode(), token.encode()):
-        return body
+    secret = trigger_settings.hmac_secret
+    given = bearer_token(credentials)
+    caller: Caller | None = tenants.caller(given) if given or tenants.open else None
+    if caller is not None and (given or not secret):
+        return AuthorizedEvent(body, None if caller.admin else caller.tenant)
     header = request.headers.get(signature.HEADER, "")
     if secret and header:
         why = signature.verify(secret, header, body, trigger_settings.signature_tolerance_s)
         if not why:
-            return body
+            return AuthorizedEvent(body, None)
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, why)
-    if not token and not secret:
-        return body
     raise HTTPException(status.HTTP_401_UNAUTHORIZED,
                         f"send Authorization: Bearer <API token>{' or ' + signature.HEADER if secret else ''}",
                         headers={"WWW-Authenticate": "Bearer"})
 
 
 @router.post("/s3", response_model=TriggerReply, responses={
-    201: {"description": "A run started."}, 400: {"description": "Not an S3 object-created event."},
-    401: {"description": "No valid token or signature."}, 409: {"description": "The run's learner is busy."},
+    201: {"description": "A run was queued (it starts when a learner pool is free)."},
+    400: {"description": "Not an S3 object-created event."}, 401: {"description": "No valid token or signature."},
     422: {"description": "No rule matches, or the run config is invalid."},
+    429: {"description": "The rule's tenant has its max_queued runs queued."},
     502: {"description": "The config object could not be read."}})
-async def s3_event(body: Annotated[bytes, Depends(authorized_body)], triggers: TriggersDep) -> JSONResponse:
+async def s3_event(authorized: Annotated[AuthorizedEvent, Depends(authorized_body)],
+                   triggers: TriggersDep) -> JSONResponse:
     """An EventBridge 'Object Created' event, an S3 event notification, or one wrapped by SNS: each
-    new object starts what the first matching rule says, once per object version."""
+    new object queues what the first matching rule says, once per object version."""
+    body = authorized.body
     try:
         parsed: Any = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -86,7 +96,7 @@ async def s3_event(body: Annotated[bytes, Depends(authorized_body)], triggers: T
         except UnknownEvent as exc:
             outcomes = [await triggers.reject(None, 400, str(exc), body=shown(json.dumps(parsed), 500))]
         else:
-            outcomes = [await triggers.object_created(event) for event in events]
+            outcomes = [await triggers.object_created(event, authorized.tenant) for event in events]
             if not events:
                 outcomes = [await triggers.log.add(TriggerOutcome(outcome="ignored", status_code=200, reason=note))]
     rejected = [o for o in outcomes if o.outcome == "rejected"]
@@ -95,13 +105,16 @@ async def s3_event(body: Annotated[bytes, Depends(authorized_body)], triggers: T
     return JSONResponse(reply.model_dump(mode="json"), status_code=code)
 
 
-@router.get("/events", response_model=TriggerEventList, dependencies=[Depends(require_token)])
+@router.get("/events", response_model=TriggerEventList, dependencies=[Depends(current_caller)])
 async def trigger_events(
     triggers: TriggersDep,
+    caller: CallerDep,
     outcome: Annotated[str | None, Query(description="started, duplicate, rejected or ignored")] = None,
     source: Annotated[str | None, Query(description="eventbridge, s3-notification, sns or inbox")] = None,
     key: Annotated[str | None, Query(description="the object key (inbox: the file name)")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> TriggerEventList:
-    """Every event given to the triggers, accepted or not, newest first."""
-    return TriggerEventList(events=await triggers.log.newest(limit, outcome, source, key))
+    """Every event given to the triggers, accepted or not, newest first; a member sees the events of
+    its tenant's rules only."""
+    tenant = None if caller.admin else caller.tenant
+    return TriggerEventList(events=await triggers.log.newest(limit, outcome, source, key, tenant))

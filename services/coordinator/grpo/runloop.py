@@ -72,6 +72,7 @@ class RunContext:
     shared_root: Path
     tokenizer: Tokenizer
     chat: ChatTokens
+    pools: int = 1  # learner pools whose runs share the rollout replicas, each with its own adapter
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,7 @@ async def start_or_resume(ctx: RunContext) -> Start:
     if cfg.colocated and not (await svc.rollouts.model_info()).sleep_supported:
         raise ConfigRefused("colocated mode needs vLLM sleep mode, which needs a GPU; "
                             "this rollout backend does not support it (set colocated: false)")
+    await svc.rollouts.require_room(ctx.pools)  # every pool's run keeps its adapter loaded there
     eval_set = await svc.env.eval_set(cfg.eval.eval_set)
     if cfg.eval.held_out_set:  # refused now (NOT_FOUND from the env), not after the last step
         await svc.env.eval_set(cfg.eval.held_out_set)

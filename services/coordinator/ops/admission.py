@@ -1,6 +1,7 @@
 """What a run config may reach, checked before a run is recorded: its endpoints only among the
 addresses the deployment configured, its model only under the shared root or an allowed directory,
-or an allowed hub id. Refusals are NotAllowed (HTTP 422 naming the field)."""
+or an allowed hub id, and colocated mode only where no other learner pool shares the rollout
+replicas. Refusals are NotAllowed (HTTP 422 naming the field)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def _split(value: str) -> list[str]:
 
 
 def allowed_addresses(settings: CoordinatorSettings) -> set[str]:
-    return {*_split(settings.env_addr), settings.learner_addr, *_split(settings.rollout_addrs),
+    return {*_split(settings.env_addr), *settings.pools, *_split(settings.rollout_addrs),
             *_split(settings.allowed_endpoints)}
 
 
@@ -34,7 +35,7 @@ def check_endpoints(config: RunConfig, settings: CoordinatorSettings) -> None:
     for field, address in named:
         if address and address not in allowed:
             raise NotAllowed(field, f"{address!r} is not an address this coordinator is configured to use "
-                                    "(MMRL_ENV_ADDR, MMRL_ROLLOUT_ADDRS, MMRL_LEARNER_ADDR, MMRL_ALLOWED_ENDPOINTS)")
+                                    "(MMRL_ENV_ADDR, MMRL_ROLLOUT_ADDRS, MMRL_LEARNER_ADDRS, MMRL_ALLOWED_ENDPOINTS)")
 
 
 def check_model(config: RunConfig, settings: CoordinatorSettings) -> None:
@@ -50,7 +51,19 @@ def check_model(config: RunConfig, settings: CoordinatorSettings) -> None:
                               "models (MMRL_ALLOWED_MODELS: directories or hub ids)")
 
 
+def check_colocated(config: RunConfig, settings: CoordinatorSettings) -> None:
+    """A colocated run puts the rollout engines to sleep while its learner trains on their GPUs. The
+    replicas serve every pool's runs, so with more than one pool another run would sample from a
+    sleeping engine (or wake it under a training learner)."""
+    if config.colocated and len(settings.pools) > 1:
+        raise NotAllowed("colocated", f"colocated mode sleeps the rollout replicas every run shares; this "
+                                      f"coordinator has {len(settings.pools)} learner pools (MMRL_LEARNER_ADDRS), "
+                                      "so set colocated: false (each pool on GPUs of its own) or use one pool")
+
+
 def check_run_config(config: RunConfig, settings: CoordinatorSettings) -> None:
-    """Raises NotAllowed for endpoints or a model outside what the deployment configured."""
+    """Raises NotAllowed for endpoints or a model outside what the deployment configured, or a
+    colocated run where learner pools share the rollout replicas."""
     check_endpoints(config, settings)
     check_model(config, settings)
+    check_colocated(config, settings)

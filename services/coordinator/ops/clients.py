@@ -212,6 +212,10 @@ class RolloutClient(_Client):
         reply = await self.call("ListAdapters", self.stub.ListAdapters, rollout_pb2.ListAdaptersRequest())
         return {int(a.version) for a in reply.adapters if a.run_id == run_id}
 
+    async def release_adapters(self, run_id: str) -> None:
+        """Unloads every version of the run's adapter (it ended or paused): its room goes to other runs."""
+        await self.call("ReleaseAdapters", self.stub.ReleaseAdapters, rollout_pb2.ReleaseAdaptersRequest(run_id=run_id))
+
     async def sleep(self, level: int = 1) -> None:
         await self.call("Sleep", self.stub.Sleep, rollout_pb2.SleepRequest(level=level))
 
@@ -221,7 +225,7 @@ class RolloutClient(_Client):
     async def model_info(self) -> ModelInfo:
         reply = await self.call("GetModelInfo", self.stub.GetModelInfo, rollout_pb2.GetModelInfoRequest())
         return ModelInfo(model=reply.model, max_model_len=int(reply.max_model_len),
-                         sleep_supported=bool(reply.sleep_supported))
+                         sleep_supported=bool(reply.sleep_supported), max_adapter_runs=int(reply.max_adapter_runs))
 
 
 class LearnerClient(_Client):

@@ -133,6 +133,22 @@ class Rollouts:
         """The run's adapter versions any replica holds."""
         return set().union(*await asyncio.gather(*(c.served_versions(run_id) for c in self.clients)))
 
+    async def release_adapters(self, run_id: str) -> None:
+        await asyncio.gather(*(c.release_adapters(run_id) for c in self.clients))
+
+    async def require_room(self, runs: int) -> None:
+        """ServiceError naming the first replica that keeps the adapters of fewer than `runs` runs at once
+        (each learner pool's run samples there with its own adapter): the runs would unload each other's."""
+        if runs <= 1:
+            return
+        infos = await asyncio.gather(*(c.model_info() for c in self.clients))
+        for client, info in zip(self.clients, infos, strict=True):
+            if 0 < info.max_adapter_runs < runs:
+                raise ServiceError(client.service, client.address, "GetModelInfo", "FAILED_PRECONDITION",
+                                   f"the replica keeps the adapters of {info.max_adapter_runs} runs at once but "
+                                   f"{runs} learner pools share it (MMRL_LEARNER_ADDRS): start it with "
+                                   f"--max-adapter-runs {runs} (and --max-loras {runs})")
+
     async def sleep(self, level: int = 1) -> None:
         await asyncio.gather(*(c.sleep(level) for c in self.clients))
 

@@ -87,6 +87,7 @@ class ModelInfo:
     model: str
     max_model_len: int
     sleep_supported: bool
+    max_adapter_runs: int = 0  # runs whose adapters the replica keeps at once (0: it does not say)
 
 
 @dataclass(frozen=True)

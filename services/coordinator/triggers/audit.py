@@ -29,6 +29,7 @@ class TriggerOutcome(BaseModel):
     reason: str = Field("", description="Why it was rejected or ignored.")
     run_id: str = Field("", description="The run it started, or the run an earlier delivery started.")
     rule: str = Field("", description="The trigger rule that matched ('inbox' for inbox files).")
+    tenant: str = Field("", description="The tenant of that rule ('' when no rule matched).")
     event: dict[str, Any] = Field(default_factory=dict, description="source, bucket, key, etag, "
                                   "version_id, sequencer, version, size, time, event_id as the event gave them.")
 
@@ -43,8 +44,9 @@ class TriggerLog:
         return outcome.model_copy(update={"id": str(entry_id)})
 
     async def newest(self, limit: int, outcome: str | None = None, source: str | None = None,
-                     key: str | None = None) -> list[TriggerOutcome]:
-        """Up to `limit` records, newest first, of the given outcome, event source and object key."""
+                     key: str | None = None, tenant: str | None = None) -> list[TriggerOutcome]:
+        """Up to `limit` records, newest first, of the given outcome, event source, object key and
+        tenant."""
         found: list[TriggerOutcome] = []
         before = "+"
         while len(found) < limit:
@@ -53,7 +55,8 @@ class TriggerLog:
                 record = TriggerOutcome(id=entry_id, **json.loads(fields["data"]))
                 if ((outcome is None or record.outcome == outcome)
                         and (source is None or record.event.get("source") == source)
-                        and (key is None or record.event.get("key") == key)):
+                        and (key is None or record.event.get("key") == key)
+                        and (tenant is None or record.tenant == tenant)):
                     found.append(record)
             if len(page) < 500:
                 break

@@ -80,7 +80,10 @@ class Inbox:
         outcome = await self.triggers.config_file(event, data)
         if outcome.outcome == "rejected":
             target = _free_name(self.rejected, path.name)
-            target.with_name(target.name + ".reason.txt").write_text(outcome.reason + "\n")
+            reason = target.with_name(target.name + ".reason.txt")
+            written = reason.with_name(f".{reason.name}.tmp")
+            written.write_text(outcome.reason + "\n")
+            os.rename(written, reason)  # whole: a reader never sees it half written
         else:
             target = _free_name(self.started, path.name)
         try:

@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.config_files import read_config_file
+from services.coordinator.ops.store import DEFAULT_TENANT
+from services.coordinator.ops.tenants import TENANT_PATTERN
 
 
 class TriggerRule(BaseModel):
@@ -35,6 +37,8 @@ class TriggerRule(BaseModel):
         "dataset", min_length=1,
         description="dataset: the env option (env.options.<option>) that receives the object's s3:// URI.",
     )
+    tenant: str = Field(DEFAULT_TENANT, pattern=TENANT_PATTERN,
+                        description="The tenant its runs belong to (and whose member tokens may post its events).")
 
     @model_validator(mode="after")
     def _dataset_names_a_config(self) -> TriggerRule:
@@ -55,8 +59,10 @@ class TriggerRules(BaseModel):
 
     rules: list[TriggerRule] = Field(default_factory=list, description="Tried in order; the first match wins.")
 
-    def match(self, bucket: str, key: str) -> TriggerRule | None:
-        return next((rule for rule in self.rules if rule.matches(bucket, key)), None)
+    def match(self, bucket: str, key: str, tenant: str | None = None) -> TriggerRule | None:
+        """The first rule that matches the object (among `tenant`'s rules when one is given)."""
+        return next((rule for rule in self.rules
+                     if rule.matches(bucket, key) and tenant in (None, rule.tenant)), None)
 
 
 class TriggerSettings(BaseSettings):

@@ -41,11 +41,14 @@ export async function get(path, params = {}) {
   return reply.json();
 }
 
-export async function post(path, body) {
-  const init = { method: "POST" };
+async function sendJson(method, path, body) {
+  const init = { method };
   if (body !== undefined) Object.assign(init, { body: JSON.stringify(body), headers: { "Content-Type": "application/json" } });
   return (await send(path, init)).json();
 }
+
+export const post = (path, body) => sendJson("POST", path, body);
+export const patch = (path, body) => sendJson("PATCH", path, body);
 
 const frameUrls = new Map(); // frame path -> blob URL, kept for the session (frames do not change)
 

@@ -1,5 +1,5 @@
 // The console's pages, routed by the URL hash:
-//   #/                                  runs (start, pause, resume, stop)
+//   #/                                  the run queue (reorder, remove) and runs (start, pause, resume, stop)
 //   #/runs/<id>                         a run: live curves, config, adapter versions
 //   #/runs/<id>/episodes?kind=&step=&solved=&seed=   its episodes
 //   #/runs/<id>/episodes/<episode id>   one episode, turn by turn (arrow keys step)
@@ -58,36 +58,68 @@ document.getElementById("token-form").addEventListener("submit", (event) => {
 document.getElementById("forget-token").addEventListener("click", () => { api.setToken(""); route(); });
 
 // Runs --------------------------------------------------------------------------------------------
+async function act(run, action, after) {
+  if (action === "stop" && !confirm(run.state === "queued" ? `Remove run ${run.id} from the queue? It will be stopped.`
+    : `Stop run ${run.id}? A stopped run cannot be resumed.`)) return;
+  try { await api.post(`${runPath(run.id)}/${action}`); after(); } catch (e) { showError(e); }
+}
+
 function controls(run, after) {
-  const act = async (action) => {
-    if (action === "stop" && !confirm(`Stop run ${run.id}? A stopped run cannot be resumed.`)) return;
-    try { await api.post(`${runPath(run.id)}/${action}`); after(); } catch (e) { showError(e); }
-  };
   const live = ["pending", "running"].includes(run.state);
   return h("span", { class: "controls" },
-    live ? h("button", { onclick: () => act("pause") }, "Pause") : null,
-    run.state === "paused" ? h("button", { onclick: () => act("resume") }, "Resume") : null,
-    live || run.state === "paused" ? h("button", { class: "danger", onclick: () => act("stop") }, "Stop") : null);
+    live ? h("button", { onclick: () => act(run, "pause", after) }, "Pause") : null,
+    ["paused", "failed"].includes(run.state) ? h("button", { onclick: () => act(run, "resume", after) }, "Resume") : null,
+    live || ["paused", "queued"].includes(run.state)
+      ? h("button", { class: "danger", onclick: () => act(run, "stop", after) }, "Stop") : null);
+}
+
+const state = (run) => [badge(run.state),
+  run.queue_position ? h("div", { class: "sub" }, `#${run.queue_position} in the queue`) : null,
+  run.desired ? h("div", { class: "sub" }, `${run.desired} requested`) : null];
+
+// The queue in the order its runs will start: move a run up or down (its priority), or remove it.
+function queueTable(queued, after) {
+  const move = async (run, by) => {
+    try { await api.patch(runPath(run.id), { priority: run.priority + by }); after(); } catch (e) { showError(e); }
+  };
+  if (!queued.length) return h("p", { class: "sub", id: "queue-empty" }, "No run is waiting: a new run starts on a free learner pool.");
+  return h("table", { class: "queue" }, h("thead", {}, h("tr", {},
+    ...["#", "Run", "Priority", "Tenant", "Queued", ""].map((t) => h("th", {}, t)))),
+  h("tbody", {}, ...queued.map((run) => h("tr", { "data-run": run.id },
+    h("td", { class: "num" }, String(run.queue_position)),
+    h("td", {}, link(`#/runs/${run.id}`, run.name), h("div", { class: "sub" }, run.id)),
+    h("td", { class: "num" }, String(run.priority), " ",
+      h("button", { title: "Raise its priority", onclick: () => move(run, 1) }, "▲"),
+      h("button", { title: "Lower its priority", onclick: () => move(run, -1) }, "▼")),
+    h("td", {}, run.tenant),
+    h("td", {}, when(run.updated_at)),
+    h("td", {}, h("button", { class: "danger", onclick: () => act(run, "stop", after) }, "Remove"))))));
 }
 
 async function runsPage() {
   const table = h("tbody");
+  const queue = h("section", { id: "queue" });
   const refresh = async () => {
-    const { runs } = await api.get("/v1/runs");
+    const [{ runs }, { runs: queued }] = await Promise.all([api.get("/v1/runs"), api.get("/v1/runs", { state: "queued" })]);
+    fill(queue, h("h2", {}, `Queue (${queued.length})`), queueTable(queued, refresh));
     fill(table, ...runs.reverse().map((run) => h("tr", {},
       h("td", {}, link(`#/runs/${run.id}`, run.name), h("div", { class: "sub" }, run.id)),
-      h("td", {}, badge(run.state), run.desired ? h("div", { class: "sub" }, `${run.desired} requested`) : null),
+      h("td", {}, state(run)),
       h("td", { class: "num" }, `${run.step} / ${run.steps}`),
       h("td", { class: "num" }, num(run.latest_metrics?.["reward/mean"])),
       h("td", { class: "num" }, pct(run.latest_eval?.greedy_solve_rate)),
       h("td", { class: "num" }, pct(run.latest_eval?.sampled_solve_rate)),
+      h("td", {}, run.tenant, run.learner ? h("div", { class: "sub" }, run.learner) : null),
       h("td", {}, when(run.created_at)),
       h("td", {}, controls(run, refresh)))));
   };
   fill(page,
     h("h1", {}, "Runs"),
+    queue,
+    h("h2", {}, "All runs"),
     h("table", { class: "runs" }, h("thead", {}, h("tr", {},
-      ...["Run", "State", "Step", "Reward", "Greedy solve", "Sampled solve", "Started", ""].map((t) => h("th", {}, t)))),
+      ...["Run", "State", "Step", "Reward", "Greedy solve", "Sampled solve", "Tenant / pool", "Created", ""]
+        .map((t) => h("th", {}, t)))),
     table),
     startForm(refresh));
   await refresh();
@@ -111,10 +143,11 @@ function startForm(refresh) {
         } catch (e) { showError(e); }
       };
       fill(preview,
-        h("p", {}, `${config.name}: ${config.steps} steps of ${config.grpo.mazes_per_step} x ${config.grpo.group_size} `
-          + `episodes, model ${config.model}`),
+        h("p", {}, `${config.name}: ${config.steps} steps of ${config.grpo.tasks_per_step} x ${config.grpo.group_size} `
+          + `episodes, model ${config.model}, priority ${config.priority}`),
         h("details", {}, h("summary", {}, "Resolved config"), h("pre", {}, JSON.stringify(config, null, 2))),
-        h("button", { onclick: start }, "Start run"));
+        h("button", { onclick: start }, "Start run"),
+        h("span", { class: "sub" }, " (it waits in the queue while every learner pool is busy)"));
     } catch (e) {
       fill(preview, h("p", { class: "error" }, e.message));
     }
@@ -135,7 +168,9 @@ async function runPage(runId) {
   const drawHeader = (run) => fill(header,
     h("h1", {}, run.name, " ", badge(run.state)),
     h("p", { class: "sub" }, `${run.id} · step ${run.step} of ${run.steps} · adapter v${run.adapter_version} · `
-      + `checkpoint at step ${run.checkpoint_step} · started ${when(run.created_at)}`),
+      + `checkpoint at step ${run.checkpoint_step} · created ${when(run.created_at)} · tenant ${run.tenant} · `
+      + (run.queue_position ? `#${run.queue_position} in the queue, priority ${run.priority}`
+        : `learner pool ${run.learner || "–"}`)),
     run.failure_reason ? h("p", { class: "error failure" }, run.failure_reason) : null,
     h("p", {}, controls(run, reloadRun), " ", link(`#/runs/${runId}/episodes`, "Episodes"), " · ",
       link(`#/runs/${runId}/compare`, "Compare eval steps")));
