@@ -21,7 +21,7 @@ class EndedApi:
     def __init__(self, url: str, token: str = "") -> None:
         pass
 
-    def start(self, config: dict[str, Any]) -> dict[str, Any]:
+    def start(self, config: dict[str, Any], priority: int | None = None) -> dict[str, Any]:
         return {"id": "r1"}
 
     def run(self, run_id: str) -> dict[str, Any]:

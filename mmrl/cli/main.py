@@ -46,6 +46,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "gpu"): ("mmrl.bench.gpu", "check the learner on one GPU (scripts/gpu-check.sh)"),
     ("bench", "e2e"): ("mmrl.bench.e2e", "benchmark whole GRPO steps through every service"),
     ("bench", "faults"): ("mmrl.bench.faults", "kill each service mid-step; the run must recover by itself"),
+    ("bench", "pools"): ("mmrl.bench.pools", "two runs on two learner pools sharing a rollout, against one by one"),
 }
 HELP = ("-h", "--help", "help")
 

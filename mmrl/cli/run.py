@@ -35,8 +35,10 @@ class ApiClient:
             raise CommandFailed(f"{method} {path} -> {reply.status_code}: {reply.text}")
         return reply.json()
 
-    def start(self, config: dict[str, Any]) -> dict[str, Any]:
-        return dict(self.request("POST", "/v1/runs", json={"config": config}))
+    def start(self, config: dict[str, Any], priority: int | None = None) -> dict[str, Any]:
+        """Queues the run (it starts when a learner pool is free); `priority` overrides the config's."""
+        body = {"config": config, **({"priority": priority} if priority is not None else {})}
+        return dict(self.request("POST", "/v1/runs", json=body))
 
     def run(self, run_id: str) -> dict[str, Any]:
         return dict(self.request("GET", f"/v1/runs/{run_id}"))
@@ -134,6 +136,8 @@ def parser() -> argparse.ArgumentParser:
                                description="Start a run from a run config; prints its id.")
     start.add_argument("--config", type=Path, required=True, help="run config YAML (e.g. configs/maze-tiny-cpu.yaml)")
     add_overrides(start, "run config")
+    start.add_argument("--priority", type=int, help="its place in the run queue while every learner pool is busy "
+                                                   "(higher starts first; default: the config's priority)")
     start.add_argument("--watch", action="store_true", help="then watch it until it ends or pauses")
     actions.add_parser("list", parents=[api], help="list runs", description="List runs: id, state, step.")
     for action, what in (("status", "print a run's record as JSON"),
@@ -155,7 +159,7 @@ def main(argv: list[str]) -> int:
     api = ApiClient(args.api, args.token)
 
     if args.action == "start":
-        run = api.start(load_config_dict(args.config, overrides_from(args)))
+        run = api.start(load_config_dict(args.config, overrides_from(args)), args.priority)
         print(run["id"])
         if args.watch:
             return watch_status(watch(api, run["id"]))

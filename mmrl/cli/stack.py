@@ -30,6 +30,16 @@ SERVICES = ("env", "rollout", "learner", "coordinator")
 STARTUP_TIMEOUT_S = {"env": 60.0, "rollout": 420.0, "learner": 300.0, "coordinator": 60.0}
 
 
+def learner_names(pools: int) -> tuple[str, ...]:
+    """The stack's learner services, one per pool: `learner`, then `learner-2`, `learner-3`..."""
+    return ("learner", *(f"learner-{i}" for i in range(2, pools + 1)))
+
+
+def kind(service: str) -> str:
+    """The service a stack process runs: `learner-2` is a learner."""
+    return "learner" if service.startswith("learner") else service
+
+
 class StackError(RuntimeError):
     """A service (or Redis) that could not be started; the message says which and why (log tail)."""
 
@@ -49,6 +59,7 @@ class StackConfig:
     lora_rank: int = 0  # the largest LoRA rank the rollout must serve (vLLM sizes its slots at start); 0: default
     env_name: str = ""  # the environment `mmrl serve env` serves: registered or a Gymnasium preset ("" = default)
     env_addr: str = ""  # host:port of an env server already running: the stack starts none and uses it
+    learner_pools: int = 1  # learner services, each a pool holding one run; every pool shares the rollout
 
     @property
     def shared_root(self) -> Path:
@@ -66,9 +77,11 @@ class Stack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.ports = {name: config.ports.get(name) or free_port() for name in SERVICES}
+        self.learners = learner_names(config.learner_pools)
+        self.services = ("env", "rollout", *self.learners, "coordinator")
+        self.ports = {name: config.ports.get(name) or free_port() for name in self.services}
         # Prometheus /metrics of the gRPC services (the coordinator serves it on its REST port).
-        self.metrics_ports = {name: free_port() for name in SERVICES if name != "coordinator"}
+        self.metrics_ports = {name: free_port() for name in self.services if name != "coordinator"}
         self.redis_url = config.redis_url
 
     @property
@@ -100,21 +113,30 @@ class Stack:
             "MMRL_REDIS_URL": self.redis_url,
             "MMRL_ENV_ADDR": self.address("env"),
             "MMRL_ROLLOUT_ADDRS": self.address("rollout"),
-            "MMRL_LEARNER_ADDRS": self.address("learner"),
+            "MMRL_LEARNER_ADDRS": ",".join(self.address(name) for name in self.learners),
             "MMRL_API_TOKEN": self.config.api_token,
             "MMRL_RESUME_RUNS": "true" if self.config.resume_runs else "false",
             "PYTHONUNBUFFERED": "1",
-            **{f"MMRL_{name.upper()}_METRICS_PORT": str(port) for name, port in self.metrics_ports.items()},
+            **{f"MMRL_{name.upper()}_METRICS_PORT": str(self.metrics_ports[name])
+               for name in ("env", "rollout", "learner")},
         })
         return env
 
+    def service_environment(self, service: str) -> dict[str, str]:
+        """`environment()` with `service`'s own metrics port (each learner pool serves its own)."""
+        env = self.environment()
+        if service in self.metrics_ports:
+            env[f"MMRL_{kind(service).upper()}_METRICS_PORT"] = str(self.metrics_ports[service])
+        return env
+
     def command(self, service: str) -> list[str]:
-        cli = [sys.executable, "-m", "mmrl.cli.main", "serve", service,
+        cli = [sys.executable, "-m", "mmrl.cli.main", "serve", kind(service),
                "--host", self.config.host, "--port", str(self.ports[service])]
         shared = ["--shared-root", str(self.config.shared_root.resolve())]
         if service == "rollout":
-            return cli + ["--model", str(self.config.model)] + shared + self._lora_slots() + self.config.rollout_args
-        if service == "learner":
+            return (cli + ["--model", str(self.config.model)] + shared + self._lora_slots() + self._adapter_runs()
+                    + self.config.rollout_args)
+        if kind(service) == "learner":
             model = self.config.learner_model or self.config.model
             return cli + ["--model", str(model), "--nproc", str(self.config.learner_nproc)] + shared
         if service == "env" and self.config.env_name:
@@ -127,8 +149,18 @@ class Stack:
             return []
         return ["--max-lora-rank", str(lora_slot_rank(self.config.lora_rank))]
 
-    def start(self, services: tuple[str, ...] = SERVICES, log: bool = True) -> None:
-        """Starts Redis (if needed) and `services`, in parallel, and waits until all are healthy."""
+    def _adapter_runs(self) -> list[str]:
+        """Room on the shared replica for every pool's run at once (vLLM slots and kept runs)."""
+        pools = self.config.learner_pools
+        if pools <= min(RolloutConfig.model_fields[f].default for f in ("max_loras", "max_adapter_runs")):
+            return []
+        return ["--max-loras", str(pools), "--max-adapter-runs", str(pools)]
+
+    def start(self, services: tuple[str, ...] | None = None, log: bool = True) -> None:
+        """Starts Redis (if needed) and `services` (None: all of them, every learner pool), in
+        parallel, and waits until all are healthy."""
+        if services is None:
+            services = self.services
         _sigterm_raises_keyboard_interrupt()
         logs = self.config.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -143,7 +175,7 @@ class Stack:
         for service in services:
             handle = open(logs / f"{service}.log", "ab")  # noqa: SIM115 - owned by the child process
             self.procs[service] = subprocess.Popen(self.command(service), stdout=handle,
-                                                   stderr=subprocess.STDOUT, env=self.environment(),
+                                                   stderr=subprocess.STDOUT, env=self.service_environment(service),
                                                    start_new_session=True)
             if log:
                 print(f"started {service:<11} pid {self.procs[service].pid:<7} "
@@ -174,7 +206,8 @@ class Stack:
             time.sleep(0.5)
 
     def wait_healthy(self, service: str) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S[service]
+        timeout_s = STARTUP_TIMEOUT_S[kind(service)]
+        deadline = time.monotonic() + timeout_s
         proc = self.procs[service]
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -183,7 +216,7 @@ class Stack:
             if self.is_healthy(service):
                 return
             time.sleep(0.5)
-        raise StackError(f"{service} was not healthy within {STARTUP_TIMEOUT_S[service]:.0f} s:\n"
+        raise StackError(f"{service} was not healthy within {timeout_s:.0f} s:\n"
                            f"{self._log_tail(service)}")
 
     def is_healthy(self, service: str) -> bool:
@@ -232,7 +265,7 @@ class Stack:
         """Stops every process, the coordinator first and Redis last. A further Ctrl-C meanwhile is
         ignored: the services run in their own sessions and would outlive an interrupted stop."""
         with _sigint_ignored():
-            for service in ("coordinator", "learner", "rollout", "env", "redis"):
+            for service in ("coordinator", *self.learners, "rollout", "env", "redis"):
                 self.stop_service(service)
 
     def __enter__(self) -> Stack:

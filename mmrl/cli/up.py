@@ -54,17 +54,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--state-dir", type=Path, default=Path(".mmrl"), help="logs, Redis data, shared root")
     parser.add_argument("--port", type=int, default=8000, help="coordinator REST port")
     parser.add_argument("--redis-url", default="", help="use this Redis instead of starting one")
-    parser.add_argument("--learner-nproc", type=int, default=1, help="learner ranks (torchrun)")
+    parser.add_argument("--learner-nproc", type=int, default=1, help="learner ranks (torchrun) of each pool")
+    parser.add_argument("--pools", type=int, default=1, help="learner pools, each a learner service holding one "
+                        "run; runs beyond them wait in the queue, and all share the rollout replica")
     parser.add_argument("--env", default="maze", metavar="NAME|HOST:PORT",
                         help=f"the environment: one the stack serves ({', '.join(env_names())}; default maze) "
                              "or the address of an env server already running")
     args = parser.parse_args(argv)
     env_name, env_addr = env_choice(parser, args.env)
+    if args.pools < 1:
+        parser.error(f"--pools is at least 1, got {args.pools}")
 
     ensure_tiny_model(args.model)
     config = StackConfig(model=args.model.resolve(), state_dir=args.state_dir, redis_url=args.redis_url,
                          ports={"coordinator": args.port}, learner_nproc=args.learner_nproc, env_name=env_name,
-                         env_addr=env_addr)
+                         env_addr=env_addr, learner_pools=args.pools)
     stack = Stack(config)
     try:
         stack.start()

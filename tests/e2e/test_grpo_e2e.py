@@ -83,8 +83,10 @@ def test_a_short_grpo_run_publishes_loads_and_records_everything(stack: Stack, t
     assert [v for v, _ in versions] == list(range(1, published[-1] + 1))
     for _, directory in versions:
         storage.verify_manifest(directory)
+    # The run ended: the replica released its adapters, so they take no room from other runs' (its
+    # final version was loaded to play the last eval: below).
     loaded = asyncio.run(_loaded_adapters(stack.address("rollout")))
-    assert published[-1] in {a.version for a in loaded if a.run_id == run_id}
+    assert not [a for a in loaded if a.run_id == run_id], loaded
 
     episodes = api.request("GET", f"/v1/runs/{run_id}/episodes", params={"kind": "train"})["episodes"]
     assert len(episodes) == 3 * 2 * 2
@@ -93,6 +95,7 @@ def test_a_short_grpo_run_publishes_loads_and_records_everything(stack: Stack, t
 
     evals = api.request("GET", f"/v1/runs/{run_id}/evals")["evals"]
     assert [e["step"] for e in evals] == [0, 3]
+    assert [e["adapter_version"] for e in evals] == [0, published[-1]]  # the last eval played the final version
     # After the last step, the held-out set is played once more by the final policy.
     assert "held_out_solve_rate" not in evals[0]
     assert evals[1]["held_out_set"] == "maze-held-out-256" and evals[1]["held_out_episodes"] == 256

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from functools import lru_cache, partial
 from typing import Any
 
@@ -51,11 +52,18 @@ class TransitionError(Exception):
     """The requested action does not fit the run's state (HTTP 409)."""
 
 
+_TOKENIZER_LOCK = threading.Lock()
+
+
 @lru_cache(maxsize=8)
 def load_tokenizer(model: str) -> Any:
-    from transformers import AutoTokenizer
+    """The model's tokenizer. Runs that start together load theirs in threads at once, and
+    transformers' lazy imports are not thread-safe (one thread saw `AutoTokenizer` missing), so one
+    at a time."""
+    with _TOKENIZER_LOCK:
+        from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model)
+        return AutoTokenizer.from_pretrained(model)
 
 
 LEFT_RUNNING = HOLDING  # what a coordinator that went away leaves to the next
