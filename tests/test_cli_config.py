@@ -14,7 +14,8 @@ from services.common.config_files import load_model_file
 from services.coordinator.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN_CONFIGS = ["maze-tiny-cpu.yaml", "qwen3-vl-8b-hyperpod.yaml", "sokoban-tiny-cpu.yaml"]
+RUN_CONFIGS = ["frozenlake-4x4-tiny-cpu.yaml", "maze-tiny-cpu.yaml", "minigrid-empty-6x6-tiny-cpu.yaml",
+               "qwen3-vl-8b-hyperpod.yaml", "sokoban-tiny-cpu.yaml"]
 SFT_CONFIGS = ["sft-maze-tiny.yaml", "sft-sokoban-tiny.yaml"]
 
 

@@ -69,7 +69,7 @@ def test_without_interruption_the_final_record_is_returned_unmarked(monkeypatch)
 def test_runs_an_earlier_demo_left_active_are_stopped_before_a_new_one(monkeypatch) -> None:
     _quiet(monkeypatch)
     runs = [{"id": f"r-{state}", "state": state, "step": 3}
-            for state in ("pending", "running", "paused", "succeeded", "stopped", "failed")]
+            for state in ("queued", "pending", "running", "paused", "succeeded", "stopped", "failed")]
 
     class Listing(ScriptedApi):
         def request(self, method: str, path: str, **kwargs: Any) -> Any:
@@ -79,8 +79,8 @@ def test_runs_an_earlier_demo_left_active_are_stopped_before_a_new_one(monkeypat
 
     api = Listing([])
     grpo.stop_left_running(api)  # type: ignore[arg-type]
-    assert api.posted == ["GET /v1/runs", "GET /v1/runs", "POST /v1/runs/r-pending/stop",
-                          "POST /v1/runs/r-running/stop"]
+    assert api.posted == ["GET /v1/runs", "GET /v1/runs", "GET /v1/runs", "POST /v1/runs/r-queued/stop",
+                          "POST /v1/runs/r-pending/stop", "POST /v1/runs/r-running/stop"]
 
 
 def test_a_bad_run_config_is_refused_before_the_sft_runs(monkeypatch, tmp_path) -> None:

@@ -63,7 +63,7 @@ RUN_DEFAULTS: dict[str, Any] = {
     },
     "loss": {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0, "loss_agg": "token_mean", "tis_cap": None,
              "old_logprobs": "learner"},
-    "seed": 0, "total_steps": None,
+    "seed": 0, "total_steps": None, "action_sequences": (),
 }
 
 
@@ -79,7 +79,8 @@ def run_config(**optim: Any) -> Any:
     except ImportError:
         d = RUN_DEFAULTS
         return SimpleNamespace(lora=SimpleNamespace(**d["lora"]), optim=SimpleNamespace(**{**d["optim"], **optim}),
-                               loss=SimpleNamespace(**d["loss"]), seed=d["seed"], total_steps=d["total_steps"])
+                               loss=SimpleNamespace(**d["loss"]), seed=d["seed"], total_steps=d["total_steps"],
+                               action_sequences=d["action_sequences"])
     return TrainSettings.model_validate({"optim": optim})
 
 
