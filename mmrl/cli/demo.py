@@ -15,7 +15,7 @@ from mmrl.cli.options import add_overrides, overrides_from
 from mmrl.cli.run import load_config_dict
 from mmrl.cli.up import DEFAULT_MODEL, ensure_tiny_model
 from mmrl.demo.grpo import print_summary, run_grpo, stack_for
-from mmrl.demo.starts import sft_checkpoint, shipped_configs
+from mmrl.demo.starts import from_scratch, sft_checkpoint, shipped_configs
 from mmrl.report.machine import machine_info
 from mmrl.report.plots import write_json
 from services.env import registry
@@ -30,7 +30,9 @@ def add_common_options(parser: argparse.ArgumentParser, job: str) -> None:
                         help="the environment, registered or a Gymnasium preset: picks the shipped --config and "
                              "--sft-config (default maze)")
     parser.add_argument("--sft-config", type=Path, help="SFT config of the warm start (default: "
-                                                        "configs/sft-<env>-tiny.yaml)")
+                                                        "configs/sft-<env>-tiny.yaml; where none is shipped, "
+                                                        "as for the Gymnasium presets, GRPO starts from the "
+                                                        "base model)")
     parser.add_argument("--config", type=Path, help="GRPO run config (default: configs/<env>-tiny-cpu.yaml)")
     add_overrides(parser, "run config")
     parser.add_argument("--steps", type=int, help="GRPO steps (overrides the run config)")
@@ -44,7 +46,7 @@ def resolve_common(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     """Fills the env's shipped configs in, checks the options and returns the run config overrides."""
     run_config, sft_config = shipped_configs(args.env)
     args.config = args.config or run_config
-    args.sft_config = args.sft_config or sft_config
+    args.sft_config = args.sft_config or (sft_config if sft_config.is_file() else None)  # None: no SFT
     if args.budget_min <= 0:
         parser.error(f"--budget-min must be positive, got {args.budget_min}")
     overrides = overrides_from(args)
@@ -68,6 +70,8 @@ def main(argv: list[str]) -> int:
     sft_report: dict[str, Any]
     if args.sft_model:
         sft_model, sft_wall_s, sft_report = args.sft_model, 0.0, {}
+    elif args.sft_config is None:
+        sft_model, sft_wall_s, sft_report = from_scratch(args.env, base), 0.0, {}
     else:
         sft_model, sft_wall_s, sft_report = sft_checkpoint(args.sft_config, args.state_dir, args.env, base)
     config = load_config_dict(args.config, {**overrides, "model": str(sft_model.resolve())})

@@ -18,6 +18,13 @@ def shipped_configs(env: str) -> tuple[Path, Path]:
     return CONFIGS / f"{env}-tiny-cpu.yaml", CONFIGS / f"sft-{env}-tiny.yaml"
 
 
+def from_scratch(env: str, base_model: Path) -> Path:
+    """The start of an env with no SFT config: the base model itself (GRPO from scratch)."""
+    print(f"no SFT config for {env} (configs/sft-{env}-tiny.yaml): GRPO starts from the base model "
+          f"{base_model}", flush=True)
+    return base_model
+
+
 def sft_checkpoint(sft_config: Path, state_dir: Path, env: str, base_model: Path) -> tuple[Path, float, dict[str, Any]]:
     """The SFT start of `sft_config`: reused when a checkpoint of the same config exists under
     `state_dir`, else trained now. Returns (model directory, SFT seconds, its report)."""

@@ -16,7 +16,7 @@ from mmrl.cli.run import load_config_dict
 from mmrl.cli.up import ensure_tiny_model
 from mmrl.demo.aggregate import aggregate, plot_band
 from mmrl.demo.grpo import print_summary, run_grpo, stack_for
-from mmrl.demo.starts import sft_checkpoint
+from mmrl.demo.starts import from_scratch, sft_checkpoint
 from mmrl.report.machine import machine_info
 from mmrl.report.plots import write_json
 
@@ -49,7 +49,8 @@ def main(argv: list[str]) -> int:
     load_config_dict(args.config, {**overrides, "model": str(base.resolve())})  # refused now, not after the SFT
     starts = list(args.sft_model)
     if not starts:
-        starts = [sft_checkpoint(args.sft_config, Path(".mmrl/demo"), args.env, base)[0]]
+        starts = [from_scratch(args.env, base) if args.sft_config is None
+                  else sft_checkpoint(args.sft_config, Path(".mmrl/demo"), args.env, base)[0]]
 
     summaries: list[dict[str, Any]] = []
     curves: list[dict[str, Any]] = []
