@@ -26,7 +26,6 @@ from services.common.grpc_server import check_health
 from services.common.procs import free_port, port_open, start_redis, stop_process
 from services.rollout.config import RolloutConfig, lora_slot_rank
 
-SERVICES = ("env", "rollout", "learner", "coordinator")
 STARTUP_TIMEOUT_S = {"env": 60.0, "rollout": 420.0, "learner": 300.0, "coordinator": 60.0}
 
 

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CITATION = re.compile(r"(docs/[\w/.-]+\.md),\s+\"([^\"]+)\"")
-# Only a file in the repository is cited: the founders' notes outside it are not.
+# Only a file in the repository is cited, never a design document kept elsewhere.
 FORBIDDEN = re.compile(r"\bARCHITECTURE\b(?!\.md\b)")
 TEXT_SUFFIXES = {".py", ".md", ".sh", ".yaml", ".yml", ".toml", ".txt", ""}
 
@@ -20,7 +20,7 @@ def tracked_text_files() -> list[Path]:
     """Every tracked text file but the generated stubs and this test (its examples are broken on purpose)."""
     names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return [ROOT / n for n in names.split() if Path(n).suffix in TEXT_SUFFIXES and (ROOT / n).is_file()
-            and not n.startswith("mmrl/v1/") and (ROOT / n).resolve() != Path(__file__).resolve()]
+            and not n.startswith("mmrl_proto/v1/") and (ROOT / n).resolve() != Path(__file__).resolve()]
 
 
 def headings(path: Path) -> set[str]:
