@@ -16,9 +16,9 @@ cd "$(dirname "$0")/.."
 export COMPOSE_PROJECT_NAME=mmrl-check COMPOSE_PROFILES=cpu
 UP_TIMEOUT_S="${UP_TIMEOUT_S:-900}"
 RUN_SETTINGS=(--set model=/shared/models/tiny --set steps=2 --set checkpoint_interval=1
-  --set grpo.mazes_per_step=4 --set eval.max_tasks=4 --set eval.sampled_samples=0)
+  --set grpo.tasks_per_step=4 --set eval.max_tasks=4 --set eval.sampled_samples=0)
 TRACE_SETTINGS=(--set model=/shared/models/tiny --set steps=1 --set checkpoint_interval=1
-  --set grpo.mazes_per_step=4 --set eval.max_tasks=4 --set eval.sampled_samples=0)
+  --set grpo.tasks_per_step=4 --set eval.max_tasks=4 --set eval.sampled_samples=0)
 # Each of these must be in the traced step's trace (their OpenTelemetry service.name).
 TRACED_SERVICES="mmrl-coordinator mmrl-env mmrl-rollout mmrl-learner"
 IMAGES=(debian:bookworm-slim mmrl-redis:0.1.0 mmrl-env:0.1.0 mmrl-coordinator:0.1.0
