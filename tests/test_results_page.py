@@ -137,5 +137,6 @@ def test_a_sweep_puts_its_worst_mean_and_best_on_the_page_and_in_the_readme_tabl
     assert "| SFT start, greedy solve rate | 0.500 (700 updates, 2,000 s) |" in table
     assert "| maze: held out at the end, greedy (worst / mean / best) | 0.850 / 0.900 / 0.950 (3 runs) |" in table
     assert "GRPO at the end" not in table  # one run's figure gives way to the sweep's
+    assert "| maze: time per GRPO step (mean over runs) |" in table  # a mean, not worst / mean / best
     assert "| machine | 2-core Test CPU (avx2), torch 2.13.0 x2 threads, commit abc1234 |" in table
     assert _run(tmp_path, "--check") == 0

@@ -198,11 +198,16 @@ def render_readme_block(summary: dict[str, Any], curve: dict[str, Any],
     rows = [row for row in result_rows(summary, curve) if not row[0].startswith("sampled")]
     if sweeps:
         rows = [row for row in rows if row[0].startswith("SFT start")]
+        machine = None  # one row: the last sweep's
         for env, sweep in sorted(sweeps.items(), key=lambda item: item[0] != "maze"):
-            rows += [(f"{env}: {what} (worst / mean / best)" if what != "machine" else what, value)
-                     for what, value in sweep_rows(sweep) if not what.startswith("time") or env == "maze"]
-        rows = [row for i, row in enumerate(rows) if row[0] != "machine" or i == len(rows) - 1 or
-                all(r[0] != "machine" for r in rows[i + 1:])]
+            for what, value in sweep_rows(sweep):
+                if what == "machine":
+                    machine = value
+                elif what.startswith("time"):  # a mean over the runs, not a spread; the maze's only
+                    rows += [(f"{env}: {what}", value)] if env == "maze" else []
+                else:
+                    rows.append((f"{env}: {what} (worst / mean / best)", value))
+        rows += [("machine", machine)] if machine else []
     return "\n".join([README_BEGIN, _table(rows), README_END])
 
 
