@@ -1,4 +1,4 @@
-"""Errors the rollout service turns into gRPC status codes (CONVENTIONS 7).
+"""Errors the rollout service turns into gRPC status codes.
 
 Modules below the servicer raise these; the servicer aborts the call with `code` and the message,
 so every refusal says what was wrong and the service keeps serving.

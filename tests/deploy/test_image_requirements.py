@@ -108,21 +108,22 @@ def test_the_script_prints_one_requirement_per_line_and_refuses_an_unknown_flavo
     assert refused.returncode == 2 and "all|light" in refused.stderr
 
 
-def test_every_env_and_coordinator_module_imports_with_only_the_light_requirements() -> None:
-    lines = _load_script().image_requirements(PROJECT, "light")
+def _light_check(lines: list[str]) -> subprocess.CompletedProcess[str]:
+    """CHECK in a fresh interpreter, allowed what these requirement lines install and mmrl's own packages."""
     allowed = _top_level_modules(_closure(lines)) | {"services", "mmrl", "mmrl_proto"}
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", CHECK], input=json.dumps(sorted(allowed)), capture_output=True, text=True, cwd=REPO_ROOT
     )
+
+
+def test_every_env_and_coordinator_module_imports_with_only_the_light_requirements() -> None:
+    result = _light_check(_load_script().image_requirements(PROJECT, "light"))
     assert result.returncode == 0, result.stderr[-3000:]
 
 
 def test_the_check_fails_when_a_module_needs_a_package_the_light_image_lacks() -> None:
     """Without the openenv extra, services/env/openenv/served.py cannot import."""
     lines = [line for line in _load_script().image_requirements(PROJECT, "light") if not line.startswith("openenv")]
-    allowed = _top_level_modules(_closure(lines)) | {"services", "mmrl", "mmrl_proto"}
-    result = subprocess.run(
-        [sys.executable, "-c", CHECK], input=json.dumps(sorted(allowed)), capture_output=True, text=True, cwd=REPO_ROOT
-    )
+    result = _light_check(lines)
     assert result.returncode != 0
     assert "No module named 'openenv' (not in the light image)" in result.stderr
