@@ -37,6 +37,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("eval",): ("mmrl.cli.eval", "evaluate a model/adapter on an eval set of the environment"),
     ("demo",): ("mmrl.cli.demo", "SFT warm start + GRPO run, with plots (the main job)"),
     ("sweep",): ("mmrl.demo.sweep", "the demo's GRPO over several seeds and SFT starts, as a distribution"),
+    ("sweep", "merge"): ("mmrl.demo.merge", "finished sweeps' runs as one distribution (sweep.json, band)"),
     ("report",): ("mmrl.report.page", "write docs/results.md from a demo's summary.json and curve.json"),
     ("config",): ("mmrl.cli.config", "show, validate or document configs and settings"),
     ("env", "check"): ("mmrl.cli.env_check", "check that an env server keeps the EnvService contract"),

@@ -124,12 +124,26 @@ def sweep_section(sweep: dict[str, Any], image: str) -> list[str]:
              "| step | worst | mean | best |", "| --- | --- | --- | --- |"]
     lines += [f"| {p['step']} | {_rate(p['worst'])} | {_rate(p['mean'])} | {_rate(p['best'])} |"
               for p in sweep.get("band", [])]
+    lines += by_start_table(sweep)
     lines += ["", "| start | seed | end (last 3) | within budget | held out | s/step |", "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| `{Path(str(r.get('start'))).name}` | {r.get('seed')} | {_rate(r.get('end_solve_rate_last3'))} | "
               f"{_rate(r.get('within_budget_solve_rate'))} | {_rate(r.get('held_out_solve_rate'))} | "
               f"{_seconds_per_step(r.get('mean_step_s'))} |"
               for r in sweep.get("runs", [])]
     return [*lines, ""]
+
+
+def by_start_table(sweep: dict[str, Any]) -> list[str]:
+    """With several SFT starts, each start's worst / mean / best (nothing for one start)."""
+    by_start = sweep.get("by_start") or {}
+    if len(by_start) < 2:
+        return []
+    lines = ["", "| start | step 0 | end (last 3) | within budget | held out |", "| --- | --- | --- | --- | --- |"]
+    for start, figures in by_start.items():
+        cells = [_spread(figures.get(key)) or "-" for key in
+                 ("start_solve_rate", "end_solve_rate_last3", "within_budget_solve_rate", "held_out_solve_rate")]
+        lines.append(f"| `{Path(start).name}` | {' | '.join(cells)} |")
+    return lines
 
 
 def _table(rows: list[tuple[str, str]]) -> str:
@@ -248,6 +262,10 @@ def update_sweep(args: argparse.Namespace) -> None:
     sweep["starts"] = [Path(s).name for s in sweep.get("starts", [])]
     for run in sweep.get("runs", []):
         run["start"] = Path(str(run.get("start"))).name
+    sweep["by_start"] = {Path(start).name: figures for start, figures in (sweep.get("by_start") or {}).items()}
+    sweep["merged_from"] = [Path(d).name for d in sweep.get("merged_from", [])]
+    if not sweep["merged_from"]:
+        del sweep["merged_from"]
     args.record.mkdir(parents=True, exist_ok=True)
     (args.record / f"sweep-{sweep['env']}.json").write_text(json.dumps(sweep, indent=2) + "\n")
     band = args.sweep.parent / "band.png"

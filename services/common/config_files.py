@@ -75,6 +75,17 @@ def apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[
     return data
 
 
+def flatten_settings(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as `{"a.b": value}`, the dotted paths overrides use."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            out.update(flatten_settings(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def read_user_config(path: Path) -> dict[str, Any]:
     """`read_config_file`, its errors a UsageError naming the file."""
     try:

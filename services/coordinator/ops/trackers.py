@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from services.common.config_files import flatten_settings
 from services.coordinator.ops import prometheus
 from services.coordinator.ops.store import RunStore
 
@@ -125,7 +126,7 @@ class MlflowTracker:
         found = self._client.search_runs([experiment.experiment_id], filter_string=f"tags.mmrl_run_id = '{run_id}'")
         self._run_id = found[0].info.run_id if found else self._client.create_run(
             experiment.experiment_id, tags={"mmrl_run_id": run_id}, run_name=run_id).info.run_id
-        for key, value in _flatten(config).items():
+        for key, value in flatten_settings(config).items():
             self._client.log_param(self._run_id, key[:250], str(value)[:500])
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
@@ -137,16 +138,6 @@ class MlflowTracker:
 
     def close(self) -> None:
         self._client.set_terminated(self._run_id)
-
-
-def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def frame_grid(frames: list[list[str]]) -> Any:
