@@ -24,7 +24,7 @@ from mmrl.cli.stack import Stack, StackConfig
 from services.common import storage
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT, ChatTokens
 from services.coordinator.grpo.episodes import Timers
-from services.coordinator.grpo.evaluation import EvalPlan, eval_turn_limit, run_eval
+from services.coordinator.grpo.evaluation import STUCK_TURNS, EvalPlan, eval_turn_limit, run_eval
 from services.coordinator.ops.clients import CallPolicy
 from services.coordinator.ops.manager import load_tokenizer
 from services.coordinator.ops.replicas import Services
@@ -171,6 +171,8 @@ def main(argv: list[str]) -> int:
         "eval_set": args.eval_set if specs is None else None,
         "mean_moves_over_optimal": summary["mean_moves_over_optimal"],
         "invalid_fraction": summary["greedy_invalid_fraction"],
+        "noop_fraction": summary["greedy_noop_fraction"],
+        "failed": {mode: summary[f"greedy_failed_{mode}"] for mode in ("stuck", "cycling", "other")},
         "sampled_solve_rate": summary["sampled_solve_rate"], "sampled_pass_rate": summary["sampled_pass_rate"],
         "samples": args.samples, "model": str(args.model),
         "adapter": str(args.adapter) if args.adapter else None, "wall_s": time.perf_counter() - started,
@@ -181,6 +183,10 @@ def main(argv: list[str]) -> int:
         ratio = result["mean_moves_over_optimal"]
         print(f"solve rate {result['solve_rate']:.4f} over {result['episodes']} tasks; mean moves/optimal "
               f"{ratio:.3f}" if ratio is not None else f"solve rate {result['solve_rate']:.4f}")
+        failed = result["failed"]
+        print(f"greedy failures, as shares of the tasks: stuck {failed['stuck']:.3f} (the last {STUCK_TURNS} moves "
+              f"changed nothing), cycling {failed['cycling']:.3f}, other {failed['other']:.3f}; "
+              f"no-op moves {result['noop_fraction']:.3f}")
         if args.samples > 0:
             print(f"sampled ({args.samples} per task at temperature {args.temperature}): solve rate "
                   f"{result['sampled_solve_rate']:.4f}, solved by at least one {result['sampled_pass_rate']:.4f}")

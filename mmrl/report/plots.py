@@ -17,7 +17,9 @@ def learning_curve(evals: list[dict[str, Any]], metrics: list[dict[str, Any]]) -
             {"step": e["step"], "grpo_s": spent.get(e["step"]), "greedy_solve_rate": e["greedy_solve_rate"],
              "sampled_solve_rate": e.get("sampled_solve_rate"), "sampled_pass_rate": e.get("sampled_pass_rate"),
              "mean_moves_over_optimal": e.get("mean_moves_over_optimal"),
-             "greedy_invalid_fraction": e.get("greedy_invalid_fraction"), "adapter_version": e["adapter_version"]}
+             "greedy_invalid_fraction": e.get("greedy_invalid_fraction"),
+             "greedy_noop_fraction": e.get("greedy_noop_fraction"),
+             "greedy_failed_stuck": e.get("greedy_failed_stuck"), "adapter_version": e["adapter_version"]}
             for e in evals
         ],
         "train": [

@@ -66,6 +66,11 @@ class EpisodeResult:
         return sum(self.rewards)
 
     @property
+    def observations(self) -> list[str]:
+        """The digests of every observation the episode saw, the one it ended on included."""
+        return self.observation_keys + ([self.final_observation_key] if self.final_observation_key else [])
+
+    @property
     def solved(self) -> bool:
         return bool(self.info.get("solved", self.reward > 0))
 

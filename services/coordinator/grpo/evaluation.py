@@ -1,7 +1,7 @@
 """Evaluation on a fixed set of tasks: greedy solve rate (one episode per task), sampled solve rate
 (k episodes per task at a temperature), sampled pass rate (the share of tasks that at least one of
-the k episodes solves: what sampling reaches, where a group of k has a success to reinforce) and
-mean moves over optimal for solved episodes."""
+the k episodes solves: what sampling reaches, where a group of k has a success to reinforce), mean
+moves over optimal for solved episodes, and how the greedy episodes that failed did (`failure_modes`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.conversation import ChatTokens, Tokenizer
+from services.coordinator.grpo.advantages import noop_turns
 from services.coordinator.grpo.episodes import (
     EpisodeResult,
     PlayPlan,
@@ -20,6 +21,7 @@ from services.coordinator.grpo.episodes import (
     invalid_fraction,
     play_episodes,
 )
+from services.coordinator.grpo.trajectories import noop_fraction
 from services.coordinator.ops.replicas import Services
 from services.coordinator.ops.wire import TaskSpec
 
@@ -62,6 +64,47 @@ def mean_moves_over_optimal(episodes: list[EpisodeResult]) -> float | None:
     return sum(ratios) / len(ratios) if ratios else None
 
 
+# A failed episode whose last this many turns changed nothing is stuck (failure_modes).
+STUCK_TURNS = 3
+
+
+def returns_to_left_observation(keys: list[str]) -> bool:
+    """Whether a sequence of observations comes back to one it had left (a repeat in place, a no-op,
+    is not leaving)."""
+    left: set[str] = set()
+    current: str | None = None
+    for key in keys:
+        if key == current:
+            continue
+        if key in left:
+            return True
+        if current is not None:
+            left.add(current)
+        current = key
+    return False
+
+
+def failure_modes(episodes: list[EpisodeResult]) -> dict[str, float]:
+    """How the episodes that did not solve their task failed, each as a share of all episodes:
+    `stuck`: its last STUCK_TURNS turns changed nothing (in the maze, one wall bumped into again and
+    again until the move budget ran out: a greedy policy whose bump leaves its prompt almost as it was
+    is prone to it); `cycling`: not stuck, and it came back to an observation it had left; `other`:
+    the rest (the wrong way, or too slow for the budget)."""
+    stuck = cycling = failed = 0
+    for episode in episodes:
+        if episode.solved:
+            continue
+        failed += 1
+        keys = episode.observations
+        noops = noop_turns(keys, len(episode.actions))
+        if len(noops) >= STUCK_TURNS and all(noops[-STUCK_TURNS:]):
+            stuck += 1
+        elif returns_to_left_observation(keys):
+            cycling += 1
+    total = len(episodes) or 1
+    return {"stuck": stuck / total, "cycling": cycling / total, "other": (failed - stuck - cycling) / total}
+
+
 async def run_eval(
     services: Services, tokenizer: Tokenizer, chat: ChatTokens, plan: EvalPlan, *, run_id: str,
     adapter_version: int, seed: int, timers: Timers, keep_frames: bool = False,
@@ -89,6 +132,8 @@ async def run_eval(
         "sampled_episodes": len(sampled),
         "mean_moves_over_optimal": mean_moves_over_optimal(greedy),
         "greedy_invalid_fraction": invalid_fraction(greedy),
+        "greedy_noop_fraction": noop_fraction(greedy),
+        **{f"greedy_failed_{mode}": share for mode, share in failure_modes(greedy).items()},
         "mean_reward": sum(e.reward for e in greedy) / len(greedy) if greedy else 0.0,
     }
     return summary, greedy

@@ -11,8 +11,8 @@ from services.coordinator.grpo.episodes import EpisodeResult
 
 def noop_fraction(episodes: list[EpisodeResult]) -> float:
     """The share of the episodes' turns after which the observation did not change (wall bumps in
-    the maze)."""
-    flags = [f for e in episodes for f in noop_turns(e.observation_keys, len(e.actions))]
+    the maze), the last turn of an episode cut by its move budget included."""
+    flags = [f for e in episodes for f in noop_turns(e.observations, len(e.actions))]
     return sum(flags) / len(flags) if flags else 0.0
 
 
