@@ -90,3 +90,17 @@ def test_the_stack_serves_the_environment_it_is_given(tmp_path: Path) -> None:
     maze = eval_cli.Stack(eval_cli.StackConfig(model=tmp_path)).command("env")
     sokoban = eval_cli.Stack(eval_cli.StackConfig(model=tmp_path, env_name="sokoban")).command("env")
     assert "--env" not in maze and sokoban[-2:] == ["--env", "sokoban"]
+
+
+class _SyllableTokenizer:
+    """One token per '-'-separated part of a word."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(range(len(text.split("-"))))
+
+
+def test_the_token_budget_is_the_longest_action_word_unless_given() -> None:
+    tokenizer = _SyllableTokenizer()
+    assert eval_cli.action_token_budget(tokenizer, ["up", "down", "left"]) == 1  # type: ignore[arg-type]
+    assert eval_cli.action_token_budget(tokenizer, ["left", "for-w-ard"]) == 3  # type: ignore[arg-type]
+    assert eval_cli.action_token_budget(tokenizer, []) == 1  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ from typing import Any
 
 from mmrl.cli.stack import Stack, StackConfig
 from services.common import storage
-from services.common.conversation import DEFAULT_SYSTEM_PROMPT, ChatTokens
+from services.common.conversation import DEFAULT_SYSTEM_PROMPT, ChatTokens, Tokenizer
 from services.coordinator.grpo.episodes import Timers
 from services.coordinator.grpo.evaluation import STUCK_TURNS, EvalPlan, eval_turn_limit, run_eval
 from services.coordinator.ops.clients import CallPolicy
@@ -63,12 +63,12 @@ def check_batch(num_tasks: int, samples: int) -> None:
 
 async def evaluate(
     env_addr: str, rollout_addr: str, model: Path, *, eval_set: str = "", specs: Sequence[Any] | None = None,
-    adapter: tuple[str, int, str] | None = None, samples: int = 0, temperature: float = 1.0, max_tokens: int = 4,
+    adapter: tuple[str, int, str] | None = None, samples: int = 0, temperature: float = 1.0, max_tokens: int | None = None,
     system_prompt: str = DEFAULT_SYSTEM_PROMPT, keep_frames: bool = False,
 ) -> tuple[dict[str, Any], list[Any]]:
     """Greedy (and optionally sampled) evaluation of the env's eval set `eval_set` ("" = its default), or of
     `specs` (task specs: seed, max_moves, options) when given; `adapter` is (run_id, version, path) to load
-    first."""
+    first. `max_tokens` None: `action_token_budget`."""
     services = Services.connect([env_addr], [rollout_addr], "127.0.0.1:1", CallPolicy(timeout_s=600, retries=2))
     try:
         if specs is None:
@@ -82,6 +82,8 @@ async def evaluate(
             run_id, version, path = adapter
             await services.rollouts.load_adapter(run_id, version, path)
         tokenizer = load_tokenizer(str(model))
+        if max_tokens is None:
+            max_tokens = action_token_budget(tokenizer, (await services.env.info()).actions)
         max_turns = eval_turn_limit(tasks, DEFAULT_MAX_MOVES)
         sampled = f", then {samples} sampled episodes each" if samples else ""
         print(f"evaluating {len(tasks)} tasks: greedy{sampled}, up to {max_turns} turns, all tasks at once ...",
@@ -95,6 +97,14 @@ async def evaluate(
     finally:
         await services.close()
     return summary, greedy
+
+
+def action_token_budget(tokenizer: Tokenizer, actions: Sequence[str]) -> int:
+    """The tokens of the env's longest action word: an answer stops there, as in a run whose
+    `sampling.max_tokens` holds one word and no more (configs/maze-tiny-cpu.yaml: 1). A larger budget
+    lets an adapter trained that way write past its word, where its training never looked, and
+    measures another policy than the run's evals did."""
+    return max((len(tokenizer.encode(word, add_special_tokens=False)) for word in actions), default=1)
 
 
 def stage_adapter(adapter_dir: Path, shared_root: Path) -> tuple[str, int, str]:
@@ -121,8 +131,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-moves", type=int, default=DEFAULT_MAX_MOVES, help="with --seeds: the move budget")
     parser.add_argument("--samples", type=int, default=0, help="sampled episodes per task besides greedy")
     parser.add_argument("--temperature", type=float, default=1.0, help="temperature of sampled episodes")
-    parser.add_argument("--max-tokens", type=int, default=4,
-                        help="token budget of one action (a run's evals use its sampling.max_tokens)")
+    parser.add_argument("--max-tokens", type=int,
+                        help="token budget of one action (default: the tokens of the env's longest action "
+                             "word, as the shipped configs' sampling.max_tokens; a run's evals use its own)")
     parser.add_argument("--env", help="env service host:port (default: start one)")
     parser.add_argument("--rollout", help="rollout service host:port (default: start one on --model)")
     parser.add_argument("--state-dir", type=Path, default=Path(".mmrl/eval"), help="logs of the services it starts")
@@ -136,7 +147,7 @@ def main(argv: list[str]) -> int:
         raise SystemExit("--adapter needs the rollout service started by mmrl eval (omit --rollout)")
     if args.adapter and not all((args.adapter / name).is_file() for name in storage.ADAPTER_FILES):
         raise SystemExit(f"--adapter {args.adapter}: no {' + '.join(storage.ADAPTER_FILES)} there")
-    if args.max_tokens < 1:
+    if args.max_tokens is not None and args.max_tokens < 1:
         raise SystemExit(f"--max-tokens {args.max_tokens}: must be 1 or more")
     if (args.option or args.max_moves != DEFAULT_MAX_MOVES) and not args.seeds:
         raise SystemExit("--option and --max-moves go with --seeds (an eval set has its own)")
