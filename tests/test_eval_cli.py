@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from mmrl.cli import eval as eval_cli
+from services.coordinator.grpo.tasks import action_token_budget
 
 
 def test_a_model_directory_without_config_is_refused(tmp_path: Path) -> None:
@@ -101,6 +102,6 @@ class _SyllableTokenizer:
 
 def test_the_token_budget_is_the_longest_action_word_unless_given() -> None:
     tokenizer = _SyllableTokenizer()
-    assert eval_cli.action_token_budget(tokenizer, ["up", "down", "left"]) == 1  # type: ignore[arg-type]
-    assert eval_cli.action_token_budget(tokenizer, ["left", "for-w-ard"]) == 3  # type: ignore[arg-type]
-    assert eval_cli.action_token_budget(tokenizer, []) == 1  # type: ignore[arg-type]
+    assert action_token_budget(tokenizer, ["up", "down", "left"]) == 1  # type: ignore[arg-type]
+    assert action_token_budget(tokenizer, ["left", "for-w-ard"]) == 3  # type: ignore[arg-type]
+    assert action_token_budget(tokenizer, []) == 1  # type: ignore[arg-type]

@@ -22,9 +22,10 @@ from typing import Any
 
 from mmrl.cli.stack import Stack, StackConfig
 from services.common import storage
-from services.common.conversation import DEFAULT_SYSTEM_PROMPT, ChatTokens, Tokenizer
+from services.common.conversation import DEFAULT_SYSTEM_PROMPT, ChatTokens
 from services.coordinator.grpo.episodes import Timers
 from services.coordinator.grpo.evaluation import STUCK_TURNS, EvalPlan, eval_turn_limit, run_eval
+from services.coordinator.grpo.tasks import action_token_budget
 from services.coordinator.ops.clients import CallPolicy
 from services.coordinator.ops.manager import load_tokenizer
 from services.coordinator.ops.replicas import Services
@@ -68,7 +69,8 @@ async def evaluate(
 ) -> tuple[dict[str, Any], list[Any]]:
     """Greedy (and optionally sampled) evaluation of the env's eval set `eval_set` ("" = its default), or of
     `specs` (task specs: seed, max_moves, options) when given; `adapter` is (run_id, version, path) to load
-    first. `max_tokens` None: `action_token_budget`."""
+    first. `max_tokens` None: the tokens of the env's longest action word (`action_token_budget`), what
+    the run's evals measure where `sampling.max_tokens` holds one word."""
     services = Services.connect([env_addr], [rollout_addr], "127.0.0.1:1", CallPolicy(timeout_s=600, retries=2))
     try:
         if specs is None:
@@ -97,14 +99,6 @@ async def evaluate(
     finally:
         await services.close()
     return summary, greedy
-
-
-def action_token_budget(tokenizer: Tokenizer, actions: Sequence[str]) -> int:
-    """The tokens of the env's longest action word: an answer stops there, as in a run whose
-    `sampling.max_tokens` holds one word and no more (configs/maze-tiny-cpu.yaml: 1). A larger budget
-    lets an adapter trained that way write past its word, where its training never looked, and
-    measures another policy than the run's evals did."""
-    return max((len(tokenizer.encode(word, add_special_tokens=False)) for word in actions), default=1)
 
 
 def stage_adapter(adapter_dir: Path, shared_root: Path) -> tuple[str, int, str]:

@@ -8,6 +8,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from mmrl.report.plots import write_json
+
 FIGURES = ("start_solve_rate", "end_solve_rate", "end_solve_rate_last3", "within_budget_solve_rate",
            "held_out_solve_rate")
 
@@ -73,3 +75,12 @@ def plot_band(result: dict[str, Any], curves: list[dict[str, Any]], path: Path, 
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def write_sweep(out: Path, result: dict[str, Any], summaries: list[dict[str, Any]],
+                curves: list[dict[str, Any]]) -> None:
+    """`out`/sweep.json, and `out`/band.png over the curves of the runs that succeeded (if any did)."""
+    write_json(out / "sweep.json", result)
+    if result["num_succeeded"]:
+        plot_band(result, [c for c, s in zip(curves, summaries, strict=True) if s.get("state") == "succeeded"],
+                  out / "band.png", f"GRPO sweep ({result['env']}): {result['num_succeeded']} runs")

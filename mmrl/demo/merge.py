@@ -20,8 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mmrl.demo.aggregate import aggregate, plot_band
-from mmrl.report.plots import write_json
+from mmrl.demo.aggregate import aggregate, write_sweep
 from services.common.config_files import flatten_settings
 from services.common.user_errors import UsageError
 
@@ -126,11 +125,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     result, summaries, curves = merge(args.sweeps, "mmrl sweep merge " + " ".join(argv))
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "sweep.json", result)
-    succeeded = [c for c, s in zip(curves, summaries, strict=True) if s.get("state") == "succeeded"]
-    if succeeded:
-        plot_band(result, succeeded, args.out / "band.png",
-                  f"GRPO sweep ({result['env']}): {result['num_succeeded']} runs")
+    write_sweep(args.out, result, summaries, curves)
     for start, figures in result["by_start"].items():
         end = figures.get("end_solve_rate_last3")
         if end:

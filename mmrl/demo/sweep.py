@@ -14,7 +14,7 @@ from typing import Any
 from mmrl.cli.demo import add_common_options, resolve_common
 from mmrl.cli.run import load_config_dict
 from mmrl.cli.up import ensure_tiny_model
-from mmrl.demo.aggregate import aggregate, plot_band
+from mmrl.demo.aggregate import aggregate, write_sweep
 from mmrl.demo.grpo import print_summary, run_grpo, stack_for
 from mmrl.demo.starts import from_scratch, sft_checkpoint
 from mmrl.report.machine import machine_info
@@ -76,10 +76,7 @@ def main(argv: list[str]) -> int:
     result = {**aggregate(summaries, curves), "env": args.env, "seeds": seeds, "starts": [str(s) for s in starts],
               "budget_min": args.budget_min, "machine": machine,
               "command": "mmrl sweep " + " ".join(argv)}
-    write_json(out / "sweep.json", result)
-    if result["num_succeeded"]:
-        plot_band(result, [c for c, s in zip(curves, summaries, strict=True) if s["state"] == "succeeded"],
-                  out / "band.png", f"GRPO sweep ({args.env}): {result['num_succeeded']} runs")
+    write_sweep(out, result, summaries, curves)
     figures = result["figures"]
     for name in ("end_solve_rate_last3", "within_budget_solve_rate", "held_out_solve_rate"):
         if figures.get(name):

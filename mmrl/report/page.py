@@ -263,9 +263,8 @@ def update_sweep(args: argparse.Namespace) -> None:
     for run in sweep.get("runs", []):
         run["start"] = Path(str(run.get("start"))).name
     sweep["by_start"] = {Path(start).name: figures for start, figures in (sweep.get("by_start") or {}).items()}
-    sweep["merged_from"] = [Path(d).name for d in sweep.get("merged_from", [])]
-    if not sweep["merged_from"]:
-        del sweep["merged_from"]
+    if merged_from := [Path(d).name for d in sweep.pop("merged_from", [])]:
+        sweep["merged_from"] = merged_from
     args.record.mkdir(parents=True, exist_ok=True)
     (args.record / f"sweep-{sweep['env']}.json").write_text(json.dumps(sweep, indent=2) + "\n")
     band = args.sweep.parent / "band.png"

@@ -26,11 +26,23 @@ def task_seed(run_seed: int, step: int, round_index: int) -> str:
     return f"mmrl:{run_seed}:{step}:{round_index}"
 
 
+def action_tokens(tokenizer: Tokenizer, word: str) -> int:
+    """The tokens an action word takes in the model's answer."""
+    return len(tokenizer.encode(word, add_special_tokens=False))
+
+
+def action_token_budget(tokenizer: Tokenizer, actions: Sequence[str]) -> int:
+    """The tokens of the env's longest action word: an answer stops there, as in a run whose
+    `sampling.max_tokens` holds one word and no more (configs/maze-tiny-cpu.yaml: 1). A larger budget
+    lets an adapter trained that way write past its word, where its training never looked."""
+    return max((action_tokens(tokenizer, word) for word in actions), default=1)
+
+
 def require_action_budget(tokenizer: Tokenizer, max_tokens: int, actions: Sequence[str]) -> None:
     """Refuses a token budget too small for one of the env's action words, which would cut every
     such action to an invalid one: `sampling.max_tokens: 1` is right only where every word is one token."""
     for word in actions:
-        length = len(tokenizer.encode(word, add_special_tokens=False))
+        length = action_tokens(tokenizer, word)
         if length > max_tokens:
             raise ConfigRefused(f"sampling.max_tokens {max_tokens} cannot hold the action {word!r}, "
                                 f"{length} tokens with this model's tokenizer")
