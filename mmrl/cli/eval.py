@@ -153,13 +153,14 @@ def main(argv: list[str]) -> int:
 
     try:
         lora_rank = storage.adapter_rank(args.adapter) if args.adapter else 0
+        tower_lora = bool(storage.adapter_vision_modules(args.adapter)) if args.adapter else False
     except ValueError as exc:
         raise SystemExit(f"--adapter {args.adapter}: {exc}") from exc
 
     started = time.perf_counter()
     # An adapter from elsewhere (a checkpoint, another trainer) carries no probe: it is served unchecked.
     stack = Stack(StackConfig(model=args.model.resolve(), state_dir=args.state_dir, lora_rank=lora_rank,
-                              env_name=args.env_name, rollout_args=["--adapter-probe", "if_present"]))
+                              tower_lora=tower_lora, env_name=args.env_name, rollout_args=["--adapter-probe", "if_present"]))
     try:
         needed = tuple(s for s, given in (("env", args.env), ("rollout", args.rollout)) if not given)
         if needed:

@@ -56,6 +56,7 @@ class StackConfig:
     rollout_args: list[str] = field(default_factory=list)
     learner_model: Path | None = None  # defaults to `model`
     lora_rank: int = 0  # the largest LoRA rank the rollout must serve (vLLM sizes its slots at start); 0: default
+    tower_lora: bool = False  # the rollout serves adapters on the vision tower too (runs whose LoRA targets it)
     env_name: str = ""  # the environment `mmrl serve env` serves: registered or a Gymnasium preset ("" = default)
     env_addr: str = ""  # host:port of an env server already running: the stack starts none and uses it
     learner_pools: int = 1  # learner services, each a pool holding one run; every pool shares the rollout
@@ -133,8 +134,9 @@ class Stack:
                "--host", self.config.host, "--port", str(self.ports[service])]
         shared = ["--shared-root", str(self.config.shared_root.resolve())]
         if service == "rollout":
+            tower = ["--tower-lora"] if self.config.tower_lora else []
             return (cli + ["--model", str(self.config.model)] + shared + self._lora_slots() + self._adapter_runs()
-                    + self.config.rollout_args)
+                    + tower + self.config.rollout_args)
         if kind(service) == "learner":
             model = self.config.learner_model or self.config.model
             return cli + ["--model", str(model), "--nproc", str(self.config.learner_nproc)] + shared

@@ -194,6 +194,23 @@ def adapter_rank(directory: Path) -> int:
                          f"integers ({type(exc).__name__}: {exc})") from exc
 
 
+VISION_MARKERS = ("visual", "vision")  # module-name parts of a VLM's vision tower and its mergers
+
+
+def adapter_vision_modules(directory: Path) -> list[str]:
+    """The weights of the peft adapter in `directory` that adapt the vision tower or its mergers (vLLM
+    serves them only with tower LoRA on); ValueError when its weights cannot be read."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(directory) / ADAPTER_WEIGHTS
+    try:
+        with safe_open(str(path), framework="pt") as weights:
+            names = list(weights.keys())
+    except (OSError, SafetensorError) as exc:  # missing, or not a safetensors file
+        raise ValueError(f"{path} is not a readable safetensors file ({type(exc).__name__}: {exc})") from exc
+    return [name for name in names if any(marker in name for marker in VISION_MARKERS)]
+
+
 def manifest_sha256(directory: Path) -> str:
     return sha256_file(Path(directory) / MANIFEST)
 

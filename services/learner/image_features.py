@@ -1,7 +1,7 @@
 """The frozen vision tower's outputs, computed once per distinct frame.
 
-GRPO trains LoRA on the language model only, so the vision tower (and its mergers) never changes
-during a run: what it makes of a frame depends on the frame's bytes alone. The episodes of a group
+With LoRA on the language model only (the default `lora.target_modules`), the vision tower (and its
+mergers) never changes during a run: what it makes of a frame depends on the frame's bytes alone. The episodes of a group
 start on the same frame and mostly walk the same corridors, and a maze shows one frame per cell the
 agent can stand on, so a step of 8 mazes x 8 episodes (about 900 images) holds about 100 distinct
 frames. `ImageFeatureCache.attach` runs the tower once, without gradients, on the
@@ -26,16 +26,16 @@ from typing import Any
 import torch
 
 from services.common.lru import SizedLRU
+from services.common.storage import VISION_MARKERS
 from services.learner.batch import PolicyBatch
-from services.learner.policy import VISION_MARKERS
 
 # A tower call on many images at once stays within this many patches (bounded activation memory).
 _MAX_PATCHES_PER_CALL = 32768
 
 
 def vision_trains(model: Any) -> bool:
-    """True if any trainable parameter belongs to the vision tower or its mergers (the learner's
-    LoRA targets leave them out, `lora_targets`; this guards any other way of training them)."""
+    """True if any trainable parameter belongs to the vision tower or its mergers (LoRA targets that
+    select them, or any other way of training them): their outputs then change with every update."""
     return any(
         param.requires_grad and any(marker in name for marker in VISION_MARKERS)
         for name, param in model.named_parameters()

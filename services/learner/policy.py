@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from services.common.storage import VISION_MARKERS
 from services.learner.batch import PolicyBatch
 
 if TYPE_CHECKING:  # pydantic is not needed to train (the GPU check runs without it)
@@ -52,12 +53,10 @@ def model_linear_names(model_dir: Path) -> list[str]:
     return linear_module_names(model)
 
 
-VISION_MARKERS = ("visual", "vision")
-
-
 def lora_targets(linear_names: list[str], pattern: str) -> list[str]:
-    """The linear layers `pattern` (a full-match regex) selects; ValueError when it is not a regex,
-    selects nothing, or selects a vision-tower layer (vLLM adapts the language model only)."""
+    """The linear layers `pattern` (a full-match regex) selects; ValueError when it is not a regex or
+    selects nothing. Vision-tower layers may be among them: the rollout service serves such an adapter
+    only when started with tower LoRA (services/rollout/config.py `tower_lora`)."""
     try:
         regex = re.compile(pattern)
     except re.error as exc:
@@ -65,10 +64,12 @@ def lora_targets(linear_names: list[str], pattern: str) -> list[str]:
     matched = [name for name in linear_names if regex.fullmatch(name)]
     if not matched:
         raise ValueError(f"lora.target_modules {pattern!r} matches no linear layer")
-    vision = [name for name in matched if any(marker in name for marker in VISION_MARKERS)]
-    if vision:
-        raise ValueError(f"lora.target_modules {pattern!r} selects vision-tower layers, e.g. {vision[0]!r}")
     return matched
+
+
+def adapts_vision(linear_names: list[str], pattern: str) -> bool:
+    """Whether `pattern` selects a layer of the vision tower or its mergers."""
+    return any(any(marker in name for marker in VISION_MARKERS) for name in lora_targets(linear_names, pattern))
 
 
 def add_lora(model: Any, config: TrainSettings) -> Any:

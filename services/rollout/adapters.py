@@ -71,7 +71,7 @@ class ProbePolicy:
 
 class AdapterRegistry:
     def __init__(self, engine: Engine, shared_root: Path, cache_dir: Path, retention: int, max_runs: int,
-                 max_rank: int, probe: ProbePolicy) -> None:
+                 max_rank: int, probe: ProbePolicy, tower_lora: bool = False) -> None:
         assert retention >= 2 and max_runs >= 1
         self._engine = engine
         self._probe = probe
@@ -80,6 +80,7 @@ class AdapterRegistry:
         self._retention = retention
         self._max_runs = max_runs
         self._max_rank = max_rank
+        self._tower_lora = tower_lora
         self._live: dict[tuple[str, int], LoadedAdapter] = {}
         self._by_id: dict[int, LoadedAdapter] = {}
         self._runs: OrderedDict[str, None] = OrderedDict()  # least recently loaded first
@@ -212,6 +213,7 @@ class AdapterRegistry:
                 message = str(exc).replace(str(copy), str(source))
                 raise FailedPrecondition(f"adapter {run_id} v{version} refused: {message}") from exc
             self._check_rank(copy, source)
+            self._check_tower(copy, source)
             probe = self._probe_of(manifest, run_id, version)
             ref = AdapterRef(name=f"{run_id}-v{version}", lora_int_id=next(self._ids), path=str(copy),
                              version=version)
@@ -284,6 +286,21 @@ class AdapterRegistry:
         if rank > self._max_rank:
             raise FailedPrecondition(f"{source}: LoRA rank {rank} exceeds the service's max_lora_rank "
                                      f"{self._max_rank}")
+
+    def _check_tower(self, copy: Path, source: Path) -> None:
+        """An engine without tower LoRA would serve a vision-tower adapter's language-model part only,
+        and the adapter probe (text) would not notice: refused here instead. Weights that cannot be read
+        are left to the engine's load, which refuses them with its own reason."""
+        if self._tower_lora:
+            return
+        try:
+            vision = storage.adapter_vision_modules(copy)
+        except ValueError:
+            return
+        if vision:
+            raise FailedPrecondition(f"{source}: the adapter adapts the vision tower (e.g. {vision[0]!r}); this "
+                                     "rollout service serves language-model adapters only (start it with "
+                                     "--tower-lora)")
 
     async def _apply_retention(self, run_id: str) -> None:
         versions = sorted((a for a in self._live.values() if a.run_id == run_id), key=lambda a: -a.version)

@@ -75,6 +75,10 @@ class RolloutConfig(BaseModel):
     turn resends an episode's earlier frames. 0: decode every image of every request."""
     enable_lora: bool = True
     """Serve LoRA adapters; off: only the base model (LoadAdapter then answers FAILED_PRECONDITION)."""
+    tower_lora: bool = False
+    """Also serve adapters on the vision tower and its mergers (vLLM's `enable_tower_connector_lora`, Qwen-VL
+    models): needed when the learner's `lora.target_modules` select them. The image embeddings then depend on
+    the adapter version, so a frame is encoded once per version instead of once per replica."""
     max_lora_rank: LoraRank = 16
     """Largest LoRA rank accepted (vLLM sizes its adapter slots by it; one of vLLM's supported sizes)."""
     max_loras: int = Field(default=2, ge=1)

@@ -70,6 +70,7 @@ def engine_args(config: RolloutConfig) -> Any:
         limit_mm_per_prompt={"image": config.limit_images_per_prompt, "video": 0},
         enable_lora=config.enable_lora,
         max_lora_rank=config.max_lora_rank,
+        enable_tower_connector_lora=config.enable_lora and config.tower_lora,
         max_loras=config.max_loras,
         max_cpu_loras=config.adapter_retention * config.max_adapter_runs + config.max_loras,
         logprobs_mode=config.logprobs_mode,

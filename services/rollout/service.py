@@ -294,7 +294,7 @@ class RolloutServer:
                             replica=f"{socket.gethostname()}:{self.port}")
         self.adapters = AdapterRegistry(self.engine, retention=config.adapter_retention,
                                         max_runs=config.max_adapter_runs, max_rank=config.max_lora_rank,
-                                        probe=probe, **self._registry_args)
+                                        probe=probe, tower_lora=config.tower_lora, **self._registry_args)
         self.servicer.attach(self.engine, self.adapters)
         log.info("engine ready", extra={"startup_s": round(time.perf_counter() - start, 1),
                                         "model": self.engine.info.name})
