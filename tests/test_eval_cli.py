@@ -73,6 +73,31 @@ def test_the_rollout_service_is_started_with_slots_for_the_adapters_rank(tmp_pat
     assert rollout_flags(24) == ["--max-lora-rank", "32"] and rollout_flags(64) == ["--max-lora-rank", "64"]
 
 
+def test_an_adapter_on_the_vision_tower_gets_a_rollout_service_that_serves_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    started: list[list[str]] = []
+
+    def record(stack: object, *args: object, **kwargs: object) -> None:
+        started.append(stack.command("rollout"))  # type: ignore[attr-defined]
+        raise SystemExit("recorded")
+
+    monkeypatch.setattr(eval_cli.Stack, "start", record)
+    (tmp_path / "config.json").write_text("{}")
+    for name, tower in (("lm", False), ("tower", True)):
+        adapter = tmp_path / name
+        adapter.mkdir()
+        (adapter / "adapter_config.json").write_text('{"r": 8}')
+        keys = ["base_model.model.model.language_model.layers.0.mlp.up_proj.lora_A.weight"]
+        keys += ["base_model.model.model.visual.merger.linear_fc1.lora_A.weight"] if tower else []
+        save_file({key: torch.zeros(8, 4) for key in keys}, str(adapter / "adapter_model.safetensors"))
+        with pytest.raises(SystemExit, match="recorded"):
+            eval_cli.main(["--model", str(tmp_path), "--adapter", str(adapter)])
+    assert ["--tower-lora" in command for command in started] == [False, True]
+
+
 def test_options_without_seeds_are_refused_before_any_service_starts(tmp_path: Path, no_stack: None) -> None:
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(SystemExit, match="--option and --max-moves go with --seeds"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from services.common.training import TrainSettings
 from services.coordinator.config import load_run_config
 from services.rollout.config import RolloutConfig
@@ -43,10 +45,22 @@ def test_the_production_run_config_is_accepted_by_the_learner_and_fits_the_rollo
 
 def test_lora_targets_resolve_to_the_language_model_of_an_8b_shaped_qwen3_vl(tmp_path: Path) -> None:
     from services.common.training import DEFAULT_LORA_TARGETS
-    from services.learner.policy import lora_targets, model_linear_names
+    from services.learner.policy import lora_targets, model_module_kinds
 
-    names = model_linear_names(_qwen3_vl_8b_dir(tmp_path))  # meta device: no memory, no weights
+    names = model_module_kinds(_qwen3_vl_8b_dir(tmp_path))  # meta device: no memory, no weights
     targets = lora_targets(names, DEFAULT_LORA_TARGETS)
     assert len(targets) == 36 * 7  # q, k, v, o, gate, up, down in each of the 36 decoder layers
     assert not [t for t in targets if "visual" in t]
     assert any("visual" in n for n in names)
+
+
+def test_lora_targets_may_reach_the_vision_towers_linear_layers_but_not_its_patch_embedding(tmp_path: Path) -> None:
+    from services.common.training import DEFAULT_LORA_TARGETS
+    from services.learner.policy import adapts_vision, lora_targets, model_module_kinds
+
+    modules = model_module_kinds(_qwen3_vl_8b_dir(tmp_path))
+    tower = rf"(?:{DEFAULT_LORA_TARGETS})|.*visual\.blocks\.\d+\.(attn\.(qkv|proj)|mlp\.linear_fc[12])"
+    assert len(lora_targets(modules, tower)) > len(lora_targets(modules, DEFAULT_LORA_TARGETS))
+    assert adapts_vision(modules, tower) and not adapts_vision(modules, DEFAULT_LORA_TARGETS)
+    with pytest.raises(ValueError, match=r"selects 'model\.visual\.patch_embed\.proj', a Conv3d"):
+        lora_targets(modules, r".*visual\..*\.proj")

@@ -48,9 +48,9 @@ def watch_or_stop(api: ApiClient, run_id: str) -> dict[str, Any]:
 def stack_for(model: Path, config: dict[str, Any], state_dir: Path, env: str) -> Iterator[tuple[ApiClient, Path]]:
     """The stack serving `model` for runs of `config` on `env` (runs left by earlier jobs marked stopped);
     yields its API client and shared root, and stops it after."""
-    from services.learner.policy import adapts_vision, model_linear_names
+    from services.learner.policy import adapts_vision, model_module_kinds
 
-    tower = adapts_vision(model_linear_names(model), config["lora"]["target_modules"])
+    tower = adapts_vision(model_module_kinds(model), config["lora"]["target_modules"])
     stack = Stack(StackConfig(model=model.resolve(), state_dir=state_dir, lora_rank=config["lora"]["rank"],
                               tower_lora=tower, resume_runs=False, env_name=env))
     with stack:

@@ -35,7 +35,9 @@ class LoraSettings(_Settings):
     target_modules: str = Field(
         DEFAULT_LORA_TARGETS, min_length=1,
         description="Regular expression (peft full match) over module names selecting the adapted linear "
-                    "layers; the default is the language model's attention and MLP projections.",
+                    "layers; the default is the language model's attention and MLP projections. Layers of "
+                    "the vision tower or its mergers may be selected too: the rollout service then needs "
+                    "tower_lora.",
     )
 
 

@@ -86,7 +86,7 @@ class LearnerDriver:
         with the same config is a no-op; a different config for the configured run is refused."""
         storage.validate_run_id(run_id)
         config = TrainSettings.from_json(config_json)
-        lora_targets(self.engine.linear_names, config.lora.target_modules)  # every rank would fail alike
+        lora_targets(self.engine.module_kinds, config.lora.target_modules)  # every rank would fail alike
         run = self.engine.run
         if run is not None and run.run_id == run_id:
             if run.config == config:

@@ -36,7 +36,7 @@ from services.learner.policy import (
     add_lora,
     load_base_model,
     load_processor,
-    model_linear_names,
+    model_module_kinds,
     trainable_parameters,
 )
 from services.learner.publish import PublishedAdapter, publish_adapter
@@ -88,7 +88,7 @@ class LearnerEngine:
         processor = load_processor(self.model_dir)
         self.frames = FrameProcessor(processor.image_processor)
         self.probe_ids = adapter_probe.probe_token_ids(processor.tokenizer)
-        self.linear_names = model_linear_names(self.model_dir)
+        self.module_kinds = model_module_kinds(self.model_dir)
         self.spec = ModelSpec.from_config(AutoConfig.from_pretrained(self.model_dir))
         self.compute_dtype = resolve_dtype(settings.dtype, ctx.device)
         self.run: _Run | None = None

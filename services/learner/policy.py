@@ -40,36 +40,47 @@ def load_processor(model_dir: Path) -> Any:
     return AutoProcessor.from_pretrained(model_dir)
 
 
-def linear_module_names(model: Any) -> list[str]:
-    return [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+LINEAR = "Linear"
 
 
-def model_linear_names(model_dir: Path) -> list[str]:
-    """Names of the model's linear layers, from its config alone (built on the meta device)."""
+def module_kinds(model: Any) -> dict[str, str]:
+    """Every named submodule of `model` -> LINEAR for a torch.nn.Linear, else its class name."""
+    return {name: LINEAR if isinstance(module, torch.nn.Linear) else type(module).__name__
+            for name, module in model.named_modules() if name}
+
+
+def model_module_kinds(model_dir: Path) -> dict[str, str]:
+    """`module_kinds` of the model in `model_dir`, from its config alone (built on the meta device)."""
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(model_dir))
-    return linear_module_names(model)
+    return module_kinds(model)
 
 
-def lora_targets(linear_names: list[str], pattern: str) -> list[str]:
-    """The linear layers `pattern` (a full-match regex) selects; ValueError when it is not a regex or
-    selects nothing. Vision-tower layers may be among them: the rollout service serves such an adapter
-    only when started with tower LoRA (services/rollout/config.py `tower_lora`)."""
+def lora_targets(modules: dict[str, str], pattern: str) -> list[str]:
+    """The layers `pattern` selects, as peft selects them (a full match of each module's name);
+    ValueError when it is not a regex, selects nothing, or selects a module other than a linear layer
+    (peft would adapt e.g. the vision tower's Conv3d patch embedding, which vLLM serves without it).
+    Vision-tower layers may be among them: the rollout service serves such an adapter only when
+    started with tower LoRA (services/rollout/config.py `tower_lora`). `modules`: `module_kinds`."""
     try:
         regex = re.compile(pattern)
     except re.error as exc:
         raise ValueError(f"lora.target_modules {pattern!r} is not a regular expression: {exc}") from exc
-    matched = [name for name in linear_names if regex.fullmatch(name)]
+    matched = [name for name in modules if regex.fullmatch(name)]
     if not matched:
         raise ValueError(f"lora.target_modules {pattern!r} matches no linear layer")
+    other = [name for name in matched if modules[name] != LINEAR]
+    if other:
+        raise ValueError(f"lora.target_modules {pattern!r} selects {other[0]!r}, a {modules[other[0]]}: "
+                         "adapters are served on linear layers only")
     return matched
 
 
-def adapts_vision(linear_names: list[str], pattern: str) -> bool:
+def adapts_vision(modules: dict[str, str], pattern: str) -> bool:
     """Whether `pattern` selects a layer of the vision tower or its mergers."""
-    return any(any(marker in name for marker in VISION_MARKERS) for name in lora_targets(linear_names, pattern))
+    return any(any(marker in name for marker in VISION_MARKERS) for name in lora_targets(modules, pattern))
 
 
 def add_lora(model: Any, config: TrainSettings) -> Any:
@@ -80,7 +91,7 @@ def add_lora(model: Any, config: TrainSettings) -> Any:
     """
     from peft import LoraConfig, get_peft_model
 
-    lora_targets(linear_module_names(model), config.lora.target_modules)
+    lora_targets(module_kinds(model), config.lora.target_modules)
     lora = LoraConfig(
         r=config.lora.rank,
         lora_alpha=config.lora.alpha,

@@ -103,6 +103,7 @@ async def test_bad_configs_and_run_ids_are_invalid_arguments(learner: Learner) -
         ("../x", "{}"): "run_id",
         ("run", '{"lora": {"target_modules": "("}}'): "not a regular expression",
         ("run", '{"lora": {"target_modules": "nothing"}}'): "matches no linear layer",
+        ("run", '{"lora": {"target_modules": ".*patch_embed.proj"}}'): "a conv3d: adapters are served on linear",
     }
     for (run_id, config), expected in cases.items():
         code, message = await _code(

@@ -185,6 +185,35 @@ async def test_an_adapter_of_too_large_a_rank_is_refused(registry: AdapterRegist
     assert registry.loaded() == []
 
 
+async def test_a_vision_tower_adapter_is_refused_unless_the_service_serves_tower_lora(
+        engine: FakeEngine, shared: Path, tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    def publish_weights(run_id: str, names: list[str]) -> None:
+        def write(tmp: Path) -> None:
+            (tmp / "adapter_config.json").write_text(json.dumps({"r": 8, "peft_type": "LORA"}))
+            save_file({name: torch.zeros(8, 4) for name in names}, str(tmp / "adapter_model.safetensors"))
+
+        storage.publish_directory(storage.adapter_dir(shared, run_id, 1), write, fake_probe(1))
+
+    language = "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight"
+    tower = "base_model.model.model.visual.blocks.0.attn.qkv.lora_A.weight"
+    publish_weights("lm", [language])
+    publish_weights("tower", [language, tower])
+    (tmp_path / "cache").mkdir()
+    plain = AdapterRegistry(engine, shared, tmp_path / "cache", retention=2, max_runs=2, max_rank=16, probe=PROBE)
+    await plain.load("lm", 1, "")
+    with pytest.raises(FailedPrecondition, match=r"adapts the vision tower \(e\.g\. '.*visual\.blocks\.0\.attn\.qkv.*"
+                                                 r"--tower-lora"):
+        await plain.load("tower", 1, "")
+    assert _loaded(plain) == [("lm", 1)]
+    served = AdapterRegistry(engine, shared, tmp_path / "cache", retention=2, max_runs=2, max_rank=16, probe=PROBE,
+                             tower_lora=True)
+    await served.load("tower", 1, "")
+    assert _loaded(served) == [("tower", 1)]
+
+
 @pytest.mark.parametrize("config", [
     [8], {"r": "x"}, {"r": None}, {"r": 8, "rank_pattern": [4]}, {"r": 8, "rank_pattern": {"q_proj": "big"}},
 ])
