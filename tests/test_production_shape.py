@@ -55,12 +55,13 @@ def test_lora_targets_resolve_to_the_language_model_of_an_8b_shaped_qwen3_vl(tmp
 
 
 def test_lora_targets_may_reach_the_vision_towers_linear_layers_but_not_its_patch_embedding(tmp_path: Path) -> None:
-    from services.common.training import DEFAULT_LORA_TARGETS
+    from services.common.training import DEFAULT_LORA_TARGETS, TOWER_LORA_TARGETS
     from services.learner.policy import adapts_vision, lora_targets, model_module_kinds
 
     modules = model_module_kinds(_qwen3_vl_8b_dir(tmp_path))
-    tower = rf"(?:{DEFAULT_LORA_TARGETS})|.*visual\.blocks\.\d+\.(attn\.(qkv|proj)|mlp\.linear_fc[12])"
-    assert len(lora_targets(modules, tower)) > len(lora_targets(modules, DEFAULT_LORA_TARGETS))
+    tower = TOWER_LORA_TARGETS
+    vision = [name for name, kind in modules.items() if kind == "Linear" and "visual" in name]
+    assert sorted(lora_targets(modules, tower)) == sorted([*lora_targets(modules, DEFAULT_LORA_TARGETS), *vision])
     assert adapts_vision(modules, tower) and not adapts_vision(modules, DEFAULT_LORA_TARGETS)
     with pytest.raises(ValueError, match=r"selects 'model\.visual\.patch_embed\.proj', a Conv3d"):
         lora_targets(modules, r".*visual\..*\.proj")

@@ -18,6 +18,12 @@ DEFAULT_LORA_TARGETS = (
     r".*language_model\.layers\.\d+\."
     r"(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj))"
 )
+# The same plus every linear layer of Qwen3-VL's vision tower and its mergers (not the Conv3d patch
+# embedding): LoRA that also trains the frame's reading; the rollout service serves it with tower_lora.
+TOWER_LORA_TARGETS = (
+    rf"(?:{DEFAULT_LORA_TARGETS})"
+    r"|.*visual\.(blocks\.\d+\.(attn\.(qkv|proj)|mlp\.linear_fc[12])|(merger|deepstack_merger_list\.\d+)\.linear_fc[12])"
+)
 
 
 class _Settings(BaseModel):

@@ -13,8 +13,10 @@ import pytest_asyncio
 
 from mmrl.bench.synthetic import fake_generator, maze_frame, play_episodes, with_advantages
 from mmrl_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from services.common import storage
 from services.common.conversation import ChatTokens, TokenConversation
 from services.common.grpc_server import channel
+from services.common.training import TOWER_LORA_TARGETS
 from services.common.trajectory import Trajectory
 from services.rollout.config import RolloutConfig
 from services.rollout.engine_vllm import VllmEngine
@@ -39,6 +41,7 @@ async def rollout(
         max_num_seqs=16,
         adapter_retention=2,
         max_loras=2,
+        tower_lora=True,  # serves the language-model adapter of the first test as without it
     )
     server = await RolloutServer.start(
         config, "127.0.0.1:0", shared_root=shared, cache_dir=tmp_path_factory.mktemp("adapter-cache")
@@ -140,3 +143,34 @@ async def test_the_rollout_service_loads_a_learner_adapter_whose_samples_the_lea
         f"base {on_base['train/logprob_abs_diff_vs_rollout_max']:.2e}; adapter effect "
         f"{stale['train/logprob_abs_diff_vs_rollout']:.2e}"
     )
+
+
+async def test_an_adapter_on_the_vision_tower_is_served_as_the_learner_trained_it(
+    rollout: tuple[Any, Path], tokenizer: Any, make_driver: Callable[..., Any]
+) -> None:
+    from safetensors.torch import load_file
+
+    stub, shared = rollout
+    driver = make_driver(shared)
+    driver.configure("tower", train_json(learning_rate=0.05, micro_batch_size=4, lora_target_modules=TOWER_LORA_TARGETS))
+    warm_up = play_episodes(
+        fake_generator(ChatTokens.from_tokenizer(tokenizer), tokenizer, 25),
+        tokenizer,
+        num_groups=1,
+        group_size=4,
+        num_turns=2,
+    )
+    for _ in range(2):
+        driver.train_step("tower", with_advantages(warm_up, [1.0, -1.0, 0.5, -0.25]))
+    published = driver.publish("tower")
+    weights = load_file(str(published.path / storage.ADAPTER_WEIGHTS))
+    tower_b = [name for name in weights if "visual" in name and "lora_B" in name]
+    assert tower_b and all(float(weights[name].abs().max()) > 1e-3 for name in tower_b)  # the tower was trained
+    assert not [name for name in weights if "patch_embed" in name]
+    await stub.LoadAdapter(
+        rollout_pb2.LoadAdapterRequest(run_id="tower", version=published.version, path=str(published.path))
+    )
+    tuned = await _play(stub, tokenizer, "tower", 1, num_episodes=3, num_turns=2)
+    on_tuned = driver.train_step("tower", tuned).metrics
+    # An engine that left the tower's LoRA out would be off by far more (0.1 per token seen).
+    assert on_tuned["train/logprob_abs_diff_vs_rollout_max"] <= TOLERANCE
