@@ -58,3 +58,9 @@ def test_the_demo_refuses_a_budget_that_is_not_positive(minutes: str, capsys) ->
         demo.main(["--budget-min", minutes, "--model", "/nonexistent/model"])
     assert exc.value.code == 2
     assert "--budget-min must be positive" in capsys.readouterr().err
+
+
+def test_the_curve_carries_how_failed_greedy_episodes_failed() -> None:
+    modes = {"greedy_noop_fraction": 0.3, "greedy_failed_stuck": 0.2, "greedy_failed_cycling": 0.1}
+    (point,) = learning_curve([{**_eval(0, 0.7, 3.0), **modes}], [])["eval"]
+    assert {key: point[key] for key in modes} == modes

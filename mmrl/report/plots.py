@@ -19,7 +19,8 @@ def learning_curve(evals: list[dict[str, Any]], metrics: list[dict[str, Any]]) -
              "mean_moves_over_optimal": e.get("mean_moves_over_optimal"),
              "greedy_invalid_fraction": e.get("greedy_invalid_fraction"),
              "greedy_noop_fraction": e.get("greedy_noop_fraction"),
-             "greedy_failed_stuck": e.get("greedy_failed_stuck"), "adapter_version": e["adapter_version"]}
+             "greedy_failed_stuck": e.get("greedy_failed_stuck"),
+             "greedy_failed_cycling": e.get("greedy_failed_cycling"), "adapter_version": e["adapter_version"]}
             for e in evals
         ],
         "train": [

@@ -12,8 +12,8 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# Every linear layer of the language model's decoder layers; the vision tower and its merger
-# are not adapted (vLLM applies LoRA to the language model only).
+# Every linear layer of the language model's decoder layers; the vision tower and its mergers stay
+# frozen (the learner then caches their outputs per frame; the rollout needs no tower LoRA).
 DEFAULT_LORA_TARGETS = (
     r".*language_model\.layers\.\d+\."
     r"(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj))"

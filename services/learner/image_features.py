@@ -1,11 +1,11 @@
 """The frozen vision tower's outputs, computed once per distinct frame.
 
 With LoRA on the language model only (the default `lora.target_modules`), the vision tower (and its
-mergers) never changes during a run: what it makes of a frame depends on the frame's bytes alone. The episodes of a group
-start on the same frame and mostly walk the same corridors, and a maze shows one frame per cell the
-agent can stand on, so a step of 8 mazes x 8 episodes (about 900 images) holds about 100 distinct
-frames. `ImageFeatureCache.attach` runs the tower once, without gradients, on the
-frames of a step that it has not seen, and hands every micro-batch the outputs of its images; the
+mergers) never changes during a run: what it makes of a frame depends on the frame's bytes alone.
+The episodes of a group start on the same frame and mostly walk the same corridors, and a maze shows
+one frame per cell the agent can stand on, so a step of 8 mazes x 8 episodes (about 900 images)
+holds about 100 distinct frames. `ImageFeatureCache.attach` runs the tower once, without gradients,
+on the frames of a step that it has not seen, and hands every micro-batch the outputs of its images; the
 model's forward takes them in place of pixels (`mm_encoder_outputs`, PolicyBatch.model_inputs).
 
 The outputs are the ones `get_image_features` returns for the images of a micro-batch: per image,
