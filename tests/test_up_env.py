@@ -34,3 +34,21 @@ def test_up_with_an_unknown_env_name_is_a_usage_error(capsys: pytest.CaptureFixt
 
     assert mmrl(["up", "--env", "no-such-env"]) == 2
     assert "neither host:port nor one of maze, sokoban" in capsys.readouterr().err
+
+
+def test_up_with_tower_lora_starts_a_rollout_service_that_serves_tower_adapters(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mmrl.cli import up
+
+    commands: list[list[str]] = []
+
+    def record(stack: Stack, *args: object, **kwargs: object) -> None:
+        commands.append(stack.command("rollout"))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(up, "ensure_tiny_model", lambda model: model)
+    monkeypatch.setattr(Stack, "start", record)
+    monkeypatch.setattr(Stack, "stop", lambda stack: None)
+    for flags in ([], ["--tower-lora"]):
+        assert up.main(["--model", str(tmp_path), "--state-dir", str(tmp_path / "state"), *flags]) == 0
+    assert ["--tower-lora" in command for command in commands] == [False, True]

@@ -60,6 +60,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--env", default="maze", metavar="NAME|HOST:PORT",
                         help=f"the environment: one the stack serves ({', '.join(env_names())}; default maze) "
                              "or the address of an env server already running")
+    parser.add_argument("--tower-lora", action="store_true",
+                        help="the rollout service also serves adapters on the vision tower (runs whose "
+                             "lora.target_modules select it, e.g. TOWER_LORA_TARGETS in services/common/training.py)")
     args = parser.parse_args(argv)
     env_name, env_addr = env_choice(parser, args.env)
     if args.pools < 1:
@@ -68,7 +71,7 @@ def main(argv: list[str]) -> int:
     ensure_tiny_model(args.model)
     config = StackConfig(model=args.model.resolve(), state_dir=args.state_dir, redis_url=args.redis_url,
                          ports={"coordinator": args.port}, learner_nproc=args.learner_nproc, env_name=env_name,
-                         env_addr=env_addr, learner_pools=args.pools)
+                         env_addr=env_addr, learner_pools=args.pools, tower_lora=args.tower_lora)
     stack = Stack(config)
     try:
         stack.start()

@@ -300,7 +300,7 @@ class AdapterRegistry:
         if vision:
             raise FailedPrecondition(f"{source}: the adapter adapts the vision tower (e.g. {vision[0]!r}); this "
                                      "rollout service serves language-model adapters only (start it with "
-                                     "--tower-lora)")
+                                     "--tower-lora; `mmrl up --tower-lora`)")
 
     async def _apply_retention(self, run_id: str) -> None:
         versions = sorted((a for a in self._live.values() if a.run_id == run_id), key=lambda a: -a.version)
