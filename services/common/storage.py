@@ -197,6 +197,11 @@ def adapter_rank(directory: Path) -> int:
 VISION_MARKERS = ("visual", "vision")  # module-name parts of a VLM's vision tower and its mergers
 
 
+def is_vision_module(name: str) -> bool:
+    """Whether a module or weight name belongs to the vision tower or its mergers."""
+    return any(marker in name for marker in VISION_MARKERS)
+
+
 def adapter_vision_modules(directory: Path) -> list[str]:
     """The weights of the peft adapter in `directory` that adapt the vision tower or its mergers (vLLM
     serves them only with tower LoRA on); ValueError when its weights cannot be read."""
@@ -208,7 +213,7 @@ def adapter_vision_modules(directory: Path) -> list[str]:
             names = list(weights.keys())
     except (OSError, SafetensorError) as exc:  # missing, or not a safetensors file
         raise ValueError(f"{path} is not a readable safetensors file ({type(exc).__name__}: {exc})") from exc
-    return [name for name in names if any(marker in name for marker in VISION_MARKERS)]
+    return [name for name in names if is_vision_module(name)]
 
 
 def manifest_sha256(directory: Path) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from services.common.lru import SizedLRU
-from services.common.storage import VISION_MARKERS
+from services.common.storage import is_vision_module
 from services.learner.batch import PolicyBatch
 
 # A tower call on many images at once stays within this many patches (bounded activation memory).
@@ -37,7 +37,7 @@ def vision_trains(model: Any) -> bool:
     """True if any trainable parameter belongs to the vision tower or its mergers (LoRA targets that
     select them, or any other way of training them): their outputs then change with every update."""
     return any(
-        param.requires_grad and any(marker in name for marker in VISION_MARKERS)
+        param.requires_grad and is_vision_module(name)
         for name, param in model.named_parameters()
     )
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from services.common.storage import VISION_MARKERS
+from services.common.storage import is_vision_module
 from services.learner.batch import PolicyBatch
 
 if TYPE_CHECKING:  # pydantic is not needed to train (the GPU check runs without it)
@@ -80,7 +80,7 @@ def lora_targets(modules: dict[str, str], pattern: str) -> list[str]:
 
 def adapts_vision(modules: dict[str, str], pattern: str) -> bool:
     """Whether `pattern` selects a layer of the vision tower or its mergers."""
-    return any(any(marker in name for marker in VISION_MARKERS) for name in lora_targets(modules, pattern))
+    return any(is_vision_module(name) for name in lora_targets(modules, pattern))
 
 
 def add_lora(model: Any, config: TrainSettings) -> Any:

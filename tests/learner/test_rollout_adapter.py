@@ -100,12 +100,10 @@ async def _play(
     ]
 
 
-async def test_the_rollout_service_loads_a_learner_adapter_whose_samples_the_learner_scores_identically(
-    rollout: tuple[Any, Path], tokenizer: Any, make_driver: Callable[..., Any]
-) -> None:
-    stub, shared = rollout
-    driver = make_driver(shared)
-    driver.configure("run", train_json(learning_rate=0.05, micro_batch_size=4))
+def _trained_adapter(driver: Any, tokenizer: Any, run_id: str, **settings: Any) -> Any:
+    """`run_id` configured on `driver` with `settings`, trained two steps on fake episodes and
+    published as version 1."""
+    driver.configure(run_id, train_json(learning_rate=0.05, micro_batch_size=4, **settings))
     warm_up = play_episodes(
         fake_generator(ChatTokens.from_tokenizer(tokenizer), tokenizer, 25),
         tokenizer,
@@ -114,8 +112,16 @@ async def test_the_rollout_service_loads_a_learner_adapter_whose_samples_the_lea
         num_turns=2,
     )
     for _ in range(2):
-        driver.train_step("run", with_advantages(warm_up, [1.0, -1.0, 0.5, -0.25]))
-    published = driver.publish("run")
+        driver.train_step(run_id, with_advantages(warm_up, [1.0, -1.0, 0.5, -0.25]))
+    return driver.publish(run_id)
+
+
+async def test_the_rollout_service_loads_a_learner_adapter_whose_samples_the_learner_scores_identically(
+    rollout: tuple[Any, Path], tokenizer: Any, make_driver: Callable[..., Any]
+) -> None:
+    stub, shared = rollout
+    driver = make_driver(shared)
+    published = _trained_adapter(driver, tokenizer, "run")
     _, at_v1, _ = driver.save_checkpoint("run")
 
     loaded = await stub.LoadAdapter(
@@ -152,17 +158,7 @@ async def test_an_adapter_on_the_vision_tower_is_served_as_the_learner_trained_i
 
     stub, shared = rollout
     driver = make_driver(shared)
-    driver.configure("tower", train_json(learning_rate=0.05, micro_batch_size=4, lora_target_modules=TOWER_LORA_TARGETS))
-    warm_up = play_episodes(
-        fake_generator(ChatTokens.from_tokenizer(tokenizer), tokenizer, 25),
-        tokenizer,
-        num_groups=1,
-        group_size=4,
-        num_turns=2,
-    )
-    for _ in range(2):
-        driver.train_step("tower", with_advantages(warm_up, [1.0, -1.0, 0.5, -0.25]))
-    published = driver.publish("tower")
+    published = _trained_adapter(driver, tokenizer, "tower", lora_target_modules=TOWER_LORA_TARGETS)
     weights = load_file(str(published.path / storage.ADAPTER_WEIGHTS))
     tower_b = [name for name in weights if "visual" in name and "lora_B" in name]
     assert tower_b and all(float(weights[name].abs().max()) > 1e-3 for name in tower_b)  # the tower was trained
