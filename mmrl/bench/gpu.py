@@ -61,8 +61,8 @@ RUN_DEFAULTS: dict[str, Any] = {
         "weight_decay": 0.0, "adam_betas": (0.9, 0.999), "adam_eps": 1e-8, "max_grad_norm": 1.0,
         "micro_batch_size": 16, "activation_checkpointing": False, "num_minibatches": 1, "epochs": 1,
     },
-    "loss": {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0, "loss_agg": "token_mean", "tis_cap": None,
-             "old_logprobs": "learner"},
+    "loss": {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0, "entropy_coef": 0.0, "loss_agg": "token_mean",
+             "tis_cap": None, "old_logprobs": "learner"},
     "seed": 0, "total_steps": None, "action_sequences": (),
 }
 

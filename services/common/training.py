@@ -101,6 +101,12 @@ class LossSettings(_Settings):
                                                                 "(DAPO clip-higher 0.28; 0.2 is symmetric).")
     kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="Weight of the k3 KL to the reference policy "
                                                               "(the adapter disabled); 0 skips that pass.")
+    entropy_coef: float = Field(
+        0.0, ge=0.0, le=10.0,
+        description="Weight of the entropy bonus: minus this times the entropy of each generated token's "
+                    "distribution (over the allowed tokens with constrained actions, the whole vocabulary "
+                    "otherwise) is added to its loss, so the policy keeps exploring; 0 = off.",
+    )
     loss_agg: Literal["token_mean", "sequence_mean"] = Field(
         "token_mean", description="Average over all generated tokens (token_mean, DAPO) or per trajectory "
                                   "first, then over trajectories (sequence_mean, GRPO).",

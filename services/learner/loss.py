@@ -110,13 +110,16 @@ def policy_loss(
     tis_cap: float | None = None,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> TokenLosses:
     """The per-token GRPO/DAPO loss:
 
-        L_t = w_t * clipped_surrogate_t + kl_coef * k3_t
+        L_t = w_t * clipped_surrogate_t + kl_coef * k3_t - entropy_coef * H_t
 
     with w_t = truncated_is_weights(old_logprobs, rollout_logprobs, tis_cap) when `tis_cap` is
-    set (1 otherwise) and k3 computed when `ref_logprobs` is given.
+    set (1 otherwise), k3 computed when `ref_logprobs` is given and H_t the entropy of the
+    token's distribution (with its gradient) when `entropy_coef` > 0.
     """
     pg, clipped = clipped_surrogate(logprobs, old_logprobs, advantages, clip_low, clip_high)
     is_weight = None
@@ -130,4 +133,8 @@ def policy_loss(
     if ref_logprobs is not None:
         kl = kl_k3(logprobs, ref_logprobs)
         total = total + kl_coef * kl
+    if entropy_coef > 0:
+        if entropy is None or not entropy.requires_grad:
+            raise ValueError("entropy_coef needs the entropy with its gradient")
+        total = total - entropy_coef * entropy
     return TokenLosses(total=total, policy_gradient=pg, kl=kl, clipped=clipped, is_weight=is_weight)

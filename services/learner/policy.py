@@ -132,10 +132,11 @@ def checkpoint_layers(model: Any) -> None:
 
 
 def token_logprobs(
-    model: Any, batch: PolicyBatch, device: torch.device | str, with_entropy: bool = True
+    model: Any, batch: PolicyBatch, device: torch.device | str, with_entropy: bool = True,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the tokens at `batch.target_cols` under `model`, and the entropy of the
-    next-token distribution there:
+    next-token distribution there (detached unless `entropy_grad`, which an entropy bonus needs):
 
         logp[b, k] = log softmax(z[b, c_k - 1])[x[b, c_k]]       z: logits, x: input ids
         H[b, k]    = -sum_v p_v log p_v  of the same distribution
@@ -154,18 +155,18 @@ def token_logprobs(
     logits = output.logits.float()  # [B, K, V]
     targets = batch.input_ids.to(device)[:, batch.target_cols.to(device)]  # [B, K]
     if batch.allowed is not None:
-        return _constrained_logprobs(logits, targets, batch.allowed.to(device), with_entropy)
+        return _constrained_logprobs(logits, targets, batch.allowed.to(device), with_entropy, entropy_grad)
     log_probs = torch.log_softmax(logits, dim=-1)
     logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = None
     if with_entropy:
-        detached = log_probs.detach()
-        entropy = -(detached.exp() * detached).sum(-1)
+        scored = log_probs if entropy_grad else log_probs.detach()
+        entropy = -(scored.exp() * scored).sum(-1)
     return logprobs, entropy
 
 
 def _constrained_logprobs(logits: torch.Tensor, targets: torch.Tensor, allowed: torch.Tensor,
-                          with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                          with_entropy: bool, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`token_logprobs` over the allowed tokens only: logits [B, K, V], targets [B, K], allowed [B, K, A]."""
     valid = allowed >= 0
     z = logits.gather(-1, allowed.clamp(min=0)).masked_fill(~valid, float("-inf"))  # [B, K, A]
@@ -173,7 +174,8 @@ def _constrained_logprobs(logits: torch.Tensor, targets: torch.Tensor, allowed: 
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
     entropy = None
     if with_entropy:
-        log_p = (z.detach() - log_norm.detach().unsqueeze(-1)).masked_fill(~valid, 0.0)
+        log_p = z - log_norm.unsqueeze(-1)
+        log_p = (log_p if entropy_grad else log_p.detach()).masked_fill(~valid, 0.0)
         entropy = -(log_p.exp() * log_p).masked_fill(~valid, 0.0).sum(-1)
     return logprobs, entropy
 

@@ -160,7 +160,8 @@ def _accumulate_gradients(
         ref = reference_logprobs(model, batch, device) if config.loss.kl_coef > 0 else None
         if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter once, at the end
             model.set_requires_gradient_sync(index == len(batches) - 1)
-        logprobs, entropy = token_logprobs(model, batch, device)
+        bonus = config.loss.entropy_coef > 0
+        logprobs, entropy = token_logprobs(model, batch, device, entropy_grad=bonus)
         assert entropy is not None
         old_logprobs = logprobs.detach() if old is None else old[index]
         rollout = batch.rollout_logprobs.to(device)
@@ -174,6 +175,8 @@ def _accumulate_gradients(
             tis_cap=config.loss.tis_cap,
             ref_logprobs=ref,
             kl_coef=config.loss.kl_coef,
+            entropy=entropy,
+            entropy_coef=config.loss.entropy_coef,
         )
         weights = aggregation_weights(
             mask, config.loss.loss_agg, totals.num_generated_tokens, totals.num_trajectories
@@ -190,7 +193,7 @@ def _accumulate_gradients(
                 pg_loss=(weights * terms.policy_gradient).sum(),
                 kl=(weights * terms.kl).sum() if terms.kl is not None else loss.new_zeros(()),
                 clipped=(terms.clipped.float() * mask).sum(),
-                entropy=(entropy * mask).sum(),
+                entropy=(entropy.detach() * mask).sum(),
                 abs_diff=abs_diff.sum(),
                 checked=checked.sum(),
                 generated=mask.sum(),

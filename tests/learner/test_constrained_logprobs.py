@@ -43,3 +43,18 @@ def test_log_probs_and_entropy_are_those_of_the_softmax_over_the_allowed_tokens(
     assert logprobs[0, 1].item() == pytest.approx(0.0, abs=1e-6)  # one allowed token: certain
     assert entropy is not None and entropy[0, 0].item() == pytest.approx(-(over.exp() * over).sum().item(), abs=1e-6)
     assert entropy[0, 1].item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_the_entropy_over_the_allowed_tokens_carries_a_gradient_to_them_only_when_asked() -> None:
+    logits = torch.randn(1, 2, 32, requires_grad=True)
+    allowed = torch.tensor([[[10, 12], [13, -1]]])
+    targets = torch.tensor([[12, 13]])
+    _, detached = _constrained_logprobs(logits, targets, allowed, with_entropy=True)
+    _, entropy = _constrained_logprobs(logits, targets, allowed, with_entropy=True, entropy_grad=True)
+    assert detached is not None and not detached.requires_grad
+    assert entropy is not None and torch.allclose(entropy, detached)
+    entropy.sum().backward()
+    assert logits.grad is not None and torch.isfinite(logits.grad).all()
+    moved = logits.grad.abs().sum(-1) > 0
+    assert moved.tolist() == [[True, False]]  # one allowed token: its entropy is 0 whatever the logits
+    assert logits.grad[0, 0].nonzero().flatten().tolist() == [10, 12]

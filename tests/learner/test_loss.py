@@ -127,6 +127,23 @@ def test_policy_loss_adds_weighted_surrogate_and_kl() -> None:
     assert terms.total.tolist()[0] == pytest.approx([-1.0 + 0.1 * k3[0], 1.0])
 
 
+def test_the_entropy_bonus_subtracts_the_weighted_entropy_and_its_gradient_flattens() -> None:
+    logits = torch.tensor([[[2.0, 0.0, -1.0]]], requires_grad=True)
+    log_p = torch.log_softmax(logits, -1)
+    entropy = -(log_p.exp() * log_p).sum(-1)  # [1, 1]
+    chosen = log_p[..., 0]
+    terms = policy_loss(chosen, chosen.detach(), _t(0.0), clip_low=0.2, clip_high=0.2,
+                        entropy=entropy, entropy_coef=0.5)
+    assert terms.total.item() == pytest.approx(-0.5 * entropy.item())
+    terms.total.sum().backward()
+    assert logits.grad is not None
+    after = torch.log_softmax(logits.detach() - 0.1 * logits.grad, -1)
+    assert -(after.exp() * after).sum().item() > entropy.item()  # a descent step raises the entropy
+    with pytest.raises(ValueError, match="entropy"):
+        policy_loss(chosen, chosen.detach(), _t(0.0), clip_low=0.2, clip_high=0.2,
+                    entropy=entropy.detach(), entropy_coef=0.5)
+
+
 def test_policy_loss_needs_rollout_logprobs_for_truncated_importance_sampling() -> None:
     with pytest.raises(ValueError, match="rollout_logprobs"):
         policy_loss(_t(0.0), _t(0.0), _t(1.0), clip_low=0.2, clip_high=0.2, tis_cap=2.0)

@@ -57,6 +57,17 @@ def test_kl_to_the_reference_is_zero_while_the_adapter_is_zero(
     assert second["train/loss"] == pytest.approx(second["train/pg_loss"] + 0.5 * second["train/kl"], rel=1e-5)
 
 
+def test_an_entropy_bonus_alone_raises_the_policy_entropy(
+    make_driver: Callable[..., Any], trajectories: list[Trajectory]
+) -> None:
+    flat = [dataclasses.replace(t, advantages=tuple(0.0 for _ in t.advantages)) for t in trajectories[:4]]
+    driver = _configure(make_driver, entropy_coef=1.0)
+    entropies = [driver.train_step("run", flat).metrics["train/entropy"] for _ in range(3)]
+    assert entropies[2] > entropies[0]  # no advantage anywhere: only the bonus moves the policy
+    metrics = driver.train_step("run", flat).metrics
+    assert metrics["train/loss"] == pytest.approx(metrics["train/pg_loss"] - metrics["train/entropy"], rel=1e-4)
+
+
 @pytest.fixture
 def mixed_lengths(tokenizer: Any, trajectories: list[Trajectory]) -> list[Trajectory]:
     """The 3-turn trajectories with 1- and 2-turn episodes in between: micro-batches are sorted by
