@@ -176,7 +176,7 @@ def _constrained_logprobs(logits: torch.Tensor, targets: torch.Tensor, allowed: 
     if with_entropy:
         log_p = z - log_norm.unsqueeze(-1)
         log_p = (log_p if entropy_grad else log_p.detach()).masked_fill(~valid, 0.0)
-        entropy = -(log_p.exp() * log_p).masked_fill(~valid, 0.0).sum(-1)
+        entropy = -(log_p.exp() * log_p).sum(-1)  # 0 where not allowed: log_p is 0 there
     return logprobs, entropy
 
 
