@@ -81,8 +81,9 @@ def train_on_ranks(config: Any, env_address: str, state_dir: Path, nproc: int, q
 
 
 def validation_check(stack: Stack, config: Any) -> Callable[[Path, list[Any]], dict[str, Any]]:
-    """The SFT's check (`band`): a rollout service on the checkpoint, then the greedy solve rate of the
-    validation tasks through it and the stack's env service."""
+    """The SFT's check (`band`): a rollout service on the checkpoint, then the greedy (and, with
+    `check_samples`, the sampled) solve rate of the validation tasks through it and the stack's env
+    service."""
     from mmrl.cli.eval import evaluate
 
     def check(model_dir: Path, tasks: list[Any]) -> dict[str, Any]:
@@ -90,7 +91,8 @@ def validation_check(stack: Stack, config: Any) -> Callable[[Path, list[Any]], d
         stack.start(("rollout",), log=False)
         try:
             summary, _ = asyncio.run(evaluate(stack.address("env"), stack.address("rollout"), model_dir,
-                                              specs=tasks, system_prompt=config.system_prompt))
+                                              specs=tasks, samples=config.check_samples,
+                                              system_prompt=config.system_prompt))
         finally:
             stack.stop_service("rollout")
         return summary

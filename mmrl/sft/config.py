@@ -10,7 +10,9 @@ runs drift apart, and past the steep part of the learning curve neighbouring che
 to 0.2. With `band: [low, high]`, every `check_every` updates from `check_from` on, a checkpoint's
 greedy solve rate on the validation tasks is measured; after all `updates` the SFT keeps the last
 checkpoint whose check lies in the band (the most imitation a start of that strength can have), or,
-when none does, the one whose check lies nearest to it.
+when none does, the one whose check lies nearest to it. With `check_samples: k` each check also plays k
+episodes per validation task at temperature 1 (the policy GRPO samples from) and records their solve
+rate; `band_on: sampled` applies the band to that rate instead of the greedy one.
 """
 
 from __future__ import annotations
@@ -80,6 +82,11 @@ class SftConfig(BaseModel):
     check_every: int = Field(100, ge=1, description="Updates between checks (with band).")
     check_tasks: int = Field(256, ge=1, description="Validation tasks per check (with band): drawn with the "
                                                     "training tasks, never trained on.")
+    check_samples: int = Field(
+        0, ge=0, le=16, description="Sampled episodes (temperature 1) per validation task at each check, beside the "
+                                    "greedy one (0: greedy only); the check records their solve rate.")
+    band_on: Literal["greedy", "sampled"] = Field(
+        "greedy", description="The check's rate the band applies to: greedy, or sampled (needs check_samples).")
 
     @model_validator(mode="before")
     @classmethod
@@ -99,6 +106,8 @@ class SftConfig(BaseModel):
             if not self.is_check(self.updates):
                 raise ValueError(f"band needs a check after the last update: {self.updates} is not check_from "
                                  f"{self.check_from} plus a multiple of check_every {self.check_every}")
+        if self.band_on == "sampled" and self.check_samples == 0:
+            raise ValueError("band_on: sampled needs check_samples >= 1 (sampled episodes per validation task)")
         return self
 
     def is_check(self, update: int) -> bool:
@@ -112,19 +121,27 @@ class SftConfig(BaseModel):
 
     def fingerprint(self) -> str:
         """Identifies the checkpoint this config produces (used to reuse a cached SFT)."""
-        fields = self.model_dump_json(exclude={"out", "save_at"})
+        # Checks that only measure (sampled rates the band does not read) leave the kept model as it is.
+        measured_only = {"check_samples", "band_on"} if self.band_on == "greedy" else set()
+        fields = self.model_dump_json(exclude={"out", "save_at"} | measured_only)
         return hashlib.sha256(f"{SFT_DATA_VERSION}:{fields}".encode()).hexdigest()[:16]
 
 
-def kept_update(band: tuple[float, float] | None, checks: list[dict[str, Any]], ran: int) -> int:
+CHECK_RATE = {"greedy": "validation_solve_rate", "sampled": "validation_sampled_rate"}
+
+
+def kept_update(band: tuple[float, float] | None, checks: list[dict[str, Any]], ran: int,
+                band_on: str = "greedy") -> int:
     """The update whose model the SFT keeps after `ran` updates: the last one without checks, else the
-    last check inside `band`, else the check nearest to it (the later one of equally near)."""
+    last check whose `band_on` rate lies inside `band`, else the check nearest to it (the later one of
+    equally near)."""
     if band is None or not checks:
         return ran
     low, high = band
-    inside = [c["updates"] for c in checks if low <= c["validation_solve_rate"] <= high]
+    rates = [c[CHECK_RATE[band_on]] for c in checks]
+    inside = [c["updates"] for c, rate in zip(checks, rates, strict=True) if low <= rate <= high]
     if inside:
         return int(inside[-1])
-    distance = [max(low - c["validation_solve_rate"], c["validation_solve_rate"] - high) for c in checks]
+    distance = [max(low - rate, rate - high) for rate in rates]
     nearest = min(distance)
     return int([c["updates"] for c, d in zip(checks, distance, strict=True) if d == nearest][-1])

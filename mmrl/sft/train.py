@@ -49,7 +49,8 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
     """Builds the data, fine-tunes, saves the model directory; returns a report (rank 0; {} on the
     others, which run it too under `mmrl sft --nproc N`). With `band`, rank 0's
     `check(model_dir, validation_specs)` evaluates a checkpoint on the validation tasks and returns the
-    eval summary (`greedy_solve_rate`, `episodes`)."""
+    eval summary (`greedy_solve_rate`, `episodes`; `sampled_solve_rate`, `sampled_episodes` with
+    `check_samples`)."""
     from transformers import AutoConfig
 
     started = time.perf_counter()
@@ -95,13 +96,20 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
             return
         summary = check(saved, tasks.validation)
         rate = float(summary["greedy_solve_rate"])
-        checks.append({"updates": update, "validation_solve_rate": rate, "episodes": summary["episodes"]})
-        progress(f"sft check at update {update}: greedy solve rate {rate:.4f} on {len(tasks.validation)} "
+        entry = {"updates": update, "validation_solve_rate": rate, "episodes": summary["episodes"]}
+        sampled = ""
+        if config.check_samples:
+            entry["validation_sampled_rate"] = float(summary["sampled_solve_rate"])
+            entry["sampled_episodes"] = summary["sampled_episodes"]
+            sampled = f", sampled {entry['validation_sampled_rate']:.4f} ({config.check_samples} per task)"
+        checks.append(entry)
+        progress(f"sft check at update {update}: greedy solve rate {rate:.4f}{sampled} on {len(tasks.validation)} "
                  f"validation tasks ({time.perf_counter() - started:.0f} s)")
-        _remove_unkept(config, checks, keep=kept_update(config.band, checks, ran=update))
+        _remove_unkept(config, checks, keep=kept_update(config.band, checks, ran=update, band_on=config.band_on))
 
     history = _Fitter(model, spec, processor, config, ctx, progress, started).run(next_batch, after_update)
-    kept = int(broadcast_object(kept_update(config.band, checks, ran=len(history)) if ctx.is_main else None, ctx))
+    kept = int(broadcast_object(kept_update(config.band, checks, ran=len(history), band_on=config.band_on)
+                                if ctx.is_main else None, ctx))
     report = {
         "config": config.model_dump(), "fingerprint": config.fingerprint(), "num_conversations": len(data),
         "num_action_tokens": num_actions, "updates": kept,
@@ -114,12 +122,14 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
     if checks:
         report["checks"] = checks
         report["band"] = list(config.band or ())
+        report["band_on"] = config.band_on
     if kept == len(history) and not config.is_check(kept):
         ranks.save_model(model, processor, config, ctx, Path(config.out), report, _swap_in)
     if not ctx.is_main:
         return {}
     if kept != len(history):
-        progress(f"sft keeps the checkpoint of update {kept} (band {list(config.band or ())})")
+        progress(f"sft keeps the checkpoint of update {kept} (band {list(config.band or ())} on the "
+                 f"{config.band_on} rate)")
         _keep_checkpoint(Path(f"{config.out}-u{kept}"), Path(config.out), report, move=kept not in config.save_at)
     else:
         (Path(config.out) / "sft_report.json").write_text(json.dumps(report, indent=2))

@@ -32,6 +32,17 @@ def test_without_a_check_inside_the_band_the_nearest_is_kept_and_without_checks_
     assert kept_update(None, _checks((0.5,)), ran=700) == 700
 
 
+def test_band_on_sampled_keeps_by_the_sampled_rate() -> None:
+    # Greedy 0.50 0.58 0.66 0.70, sampled 0.40 0.52 0.59 0.64: the greedy band keeps 600, the sampled one 700.
+    checks = [{**c, "validation_sampled_rate": s}
+              for c, s in zip(_checks((0.50, 0.58, 0.66, 0.70)), (0.40, 0.52, 0.59, 0.64), strict=True)]
+    assert kept_update((0.45, 0.60), checks, ran=800) == 600
+    assert kept_update((0.45, 0.60), checks, ran=800, band_on="sampled") == 700
+    assert kept_update((0.60, 0.70), checks, ran=800, band_on="sampled") == 800
+    with pytest.raises(ValidationError, match="band_on: sampled needs check_samples"):
+        SftConfig(base_model="m", out="o", updates=900, band=(0.45, 0.6), band_on="sampled")
+
+
 def test_a_band_needs_a_check_after_the_last_update_and_an_order() -> None:
     with pytest.raises(ValidationError, match="needs a check after the last update: 950"):
         SftConfig(base_model="m", out="o", updates=950, band=(0.45, 0.6))
@@ -56,6 +67,9 @@ def test_the_fingerprint_follows_what_the_sft_computes_not_where_it_writes() -> 
     banded = SftConfig(**plain, band=(0.45, 0.6)).fingerprint()
     assert SftConfig(**plain).fingerprint() != banded != SftConfig(**plain, band=(0.4, 0.6)).fingerprint()
     assert banded != SftConfig(**plain, band=(0.45, 0.6), check_every=50).fingerprint()
+    # Sampled checks that only measure keep the model, and its cache key; a band on them does not.
+    assert banded == SftConfig(**plain, band=(0.45, 0.6), check_samples=2).fingerprint()
+    assert banded != SftConfig(**plain, band=(0.45, 0.6), check_samples=2, band_on="sampled").fingerprint()
 
 
 def test_the_shipped_sft_configs_load_and_match_their_run_configs() -> None:

@@ -73,6 +73,30 @@ def test_checks_keep_the_last_checkpoint_inside_the_band_and_delete_the_others_a
     assert len(report["task_seeds"]["training"]) == 4 and not set(report["task_seeds"]["training"]) & set(validated[0])
 
 
+def test_a_band_on_the_sampled_rate_keeps_by_it_and_the_report_has_both_rates(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """band [0.3, 0.5] on the sampled rate: checks after updates 2 and 4 read greedy 0.4 / 0.6 and sampled
+    0.2 / 0.45 (scripted), so the greedy rate would keep update 2 and the sampled one keeps update 4."""
+    out = tmp_path / "sft"
+    config = SftConfig(base_model=str(tiny_model_dir), out=str(out), num_tasks=4, updates=4, band=(0.3, 0.5),
+                       check_from=2, check_every=2, check_tasks=3, check_samples=2, band_on="sampled",
+                       **FAST)  # type: ignore[arg-type]
+    rates = iter([(0.4, 0.2), (0.6, 0.45)])
+
+    def check(model_dir: Path, tasks: list[object]) -> dict[str, object]:
+        greedy, sampled = next(rates)
+        return {"greedy_solve_rate": greedy, "episodes": len(tasks), "sampled_solve_rate": sampled,
+                "sampled_episodes": 2 * len(tasks)}
+
+    report = with_env_service(lambda address: train_sft(config, address, lambda _m: None, check=check))
+    assert report["checks"] == [
+        {"updates": 2, "validation_solve_rate": 0.4, "episodes": 3, "validation_sampled_rate": 0.2, "sampled_episodes": 6},
+        {"updates": 4, "validation_solve_rate": 0.6, "episodes": 3, "validation_sampled_rate": 0.45,
+         "sampled_episodes": 6}]
+    assert report["updates"] == 4 and report["band_on"] == "sampled"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sft"]
+
+
 def test_a_band_needs_a_check(tiny_model_dir: Path, tmp_path: Path) -> None:
     config = SftConfig(base_model=str(tiny_model_dir), out=str(tmp_path / "sft"), updates=2, band=(0.4, 0.5),
                        check_from=2)
