@@ -32,6 +32,7 @@ RENAMED = {"num_mazes": "num_tasks", "check_mazes": "check_tasks", "learning_rat
            "warmup_steps": "optim.warmup_steps", "weight_decay": "optim.weight_decay",
            "max_grad_norm": "optim.max_grad_norm", "micro_batch_size": "optim.micro_batch_size",
            "stop_above": "band", "keep": "band"}
+BandOn = Literal["greedy", "sampled"]
 
 
 class SftConfig(BaseModel):
@@ -85,7 +86,7 @@ class SftConfig(BaseModel):
     check_samples: int = Field(
         0, ge=0, le=16, description="Sampled episodes (temperature 1) per validation task at each check, beside the "
                                     "greedy one (0: greedy only); the check records their solve rate.")
-    band_on: Literal["greedy", "sampled"] = Field(
+    band_on: BandOn = Field(
         "greedy", description="The check's rate the band applies to: greedy, or sampled (needs check_samples).")
 
     @model_validator(mode="before")
@@ -127,11 +128,11 @@ class SftConfig(BaseModel):
         return hashlib.sha256(f"{SFT_DATA_VERSION}:{fields}".encode()).hexdigest()[:16]
 
 
-CHECK_RATE = {"greedy": "validation_solve_rate", "sampled": "validation_sampled_rate"}
+CHECK_RATE: dict[BandOn, str] = {"greedy": "validation_solve_rate", "sampled": "validation_sampled_rate"}
 
 
 def kept_update(band: tuple[float, float] | None, checks: list[dict[str, Any]], ran: int,
-                band_on: str = "greedy") -> int:
+                band_on: BandOn = "greedy") -> int:
     """The update whose model the SFT keeps after `ran` updates: the last one without checks, else the
     last check whose `band_on` rate lies inside `band`, else the check nearest to it (the later one of
     equally near)."""
