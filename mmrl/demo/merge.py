@@ -7,7 +7,8 @@ every DIR given and writes what `mmrl sweep` writes (`sweep.json`, `band.png`) f
 
 Runs are merged only when they measure the same thing, so each of these is refused with the
 difference named: runs whose run configs differ in anything but the seed, the start (`model`) and
-the service endpoints; runs from different machines (CPU model, kernel flags, torch version and
+the service endpoints (a setting one run's config lacks, recorded before the setting existed,
+counts at its default); runs from different machines (CPU model, kernel flags, torch version and
 threads: float sums differ between them); two runs of the same start and seed; runs with different
 time budgets. Commits may differ (the machine's `commit` then lists them); the merged sweep's
 `command` names the commands of its parts.
@@ -20,9 +21,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from mmrl.demo.aggregate import aggregate, write_sweep
 from services.common.config_files import flatten_settings
 from services.common.user_errors import UsageError
+from services.coordinator.config import RunConfig
 
 # Run config keys that may differ between the runs of one sweep.
 PER_RUN_KEYS = ("seed", "model", "endpoints")
@@ -40,10 +44,20 @@ def find_runs(sweep_dir: Path) -> list[Path]:
     return runs
 
 
+def with_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """The run config with every setting it lacks at its default: a run recorded before a setting
+    existed ran what the setting's default runs. A config the current settings refuse (a setting
+    since removed) is compared as recorded, so the difference is named."""
+    try:
+        return RunConfig.model_validate(config).model_dump(mode="json")
+    except ValidationError:
+        return config
+
+
 def config_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """`key: A vs B` for every setting two run configs differ in, the per-run keys left out."""
-    flat_a = {k: v for k, v in flatten_settings(a).items() if k.split(".")[0] not in PER_RUN_KEYS}
-    flat_b = {k: v for k, v in flatten_settings(b).items() if k.split(".")[0] not in PER_RUN_KEYS}
+    flat_a = {k: v for k, v in flatten_settings(with_defaults(a)).items() if k.split(".")[0] not in PER_RUN_KEYS}
+    flat_b = {k: v for k, v in flatten_settings(with_defaults(b)).items() if k.split(".")[0] not in PER_RUN_KEYS}
     return [f"{key}: {flat_a.get(key)!r} vs {flat_b.get(key)!r}" for key in sorted(set(flat_a) | set(flat_b))
             if flat_a.get(key) != flat_b.get(key)]
 

@@ -19,7 +19,7 @@ MACHINE = {"cpu": "Intel(R) Xeon(R) Processor", "cpus": 2, "cpu_flags": ["avx2",
 
 def _config(seed: int, model: str, **optim: Any) -> dict[str, Any]:
     return {"name": "maze-tiny-cpu", "seed": seed, "model": model, "env": {"name": "maze", "max_moves": 20},
-            "optim": {"learning_rate": 0.002, **optim}, "endpoints": {"env": f"127.0.0.1:{5000 + seed}"}}
+            "optim": {"learning_rate": 0.002, **optim}, "endpoints": {"env": [f"127.0.0.1:{5000 + seed}"]}}
 
 
 def _write_run(sweep: Path, start: str, seed: int, rates: list[float], machine: dict[str, Any] | None = None,
@@ -74,6 +74,19 @@ def test_runs_of_different_settings_are_refused_with_the_setting_named(tmp_path:
     _write_run(tmp_path / "b", "/x/t", 0, [0.5, 0.6], learning_rate=0.004)
     with pytest.raises(UsageError, match=r"different settings: optim.learning_rate: 0.002 vs 0.004"):
         merge([a, tmp_path / "b"], "m")
+
+
+def test_a_setting_a_run_predates_counts_at_its_default(tmp_path: Path) -> None:
+    """An older run's config lacks a setting added since; it ran what the default runs."""
+    a = _sweep(tmp_path / "a", "/x/s", [0], [0.5, 0.6], "c")
+    for name, coef in (("b", 0.0), ("c", 0.01)):
+        _write_run(tmp_path / name, "/x/t", 0, [0.5, 0.6])
+        run_config = tmp_path / name / "t-seed0" / "run_config.json"
+        run_config.write_text(json.dumps({**json.loads(run_config.read_text()), "loss": {"entropy_coef": coef}}))
+    result, _, _ = merge([a, tmp_path / "b"], "m")
+    assert result["num_runs"] == 2
+    with pytest.raises(UsageError, match=r"different settings: loss.entropy_coef: 0.0 vs 0.01"):
+        merge([a, tmp_path / "c"], "m")
 
 
 def test_runs_of_different_machines_are_refused_but_commits_may_differ(tmp_path: Path) -> None:
