@@ -54,10 +54,14 @@ def with_defaults(config: dict[str, Any]) -> dict[str, Any]:
         return config
 
 
+def _compared_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The run config's settings as dotted keys, defaults filled in, the per-run keys left out."""
+    return {k: v for k, v in flatten_settings(with_defaults(config)).items() if k.split(".")[0] not in PER_RUN_KEYS}
+
+
 def config_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """`key: A vs B` for every setting two run configs differ in, the per-run keys left out."""
-    flat_a = {k: v for k, v in flatten_settings(with_defaults(a)).items() if k.split(".")[0] not in PER_RUN_KEYS}
-    flat_b = {k: v for k, v in flatten_settings(with_defaults(b)).items() if k.split(".")[0] not in PER_RUN_KEYS}
+    flat_a, flat_b = _compared_settings(a), _compared_settings(b)
     return [f"{key}: {flat_a.get(key)!r} vs {flat_b.get(key)!r}" for key in sorted(set(flat_a) | set(flat_b))
             if flat_a.get(key) != flat_b.get(key)]
 
