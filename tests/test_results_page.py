@@ -150,3 +150,29 @@ def test_a_sweep_puts_its_worst_mean_and_best_on_the_page_and_in_the_readme_tabl
     assert "| maze: time per GRPO step (mean over runs) |" in table  # a mean, not worst / mean / best
     assert "| machine | 2-core Test CPU (avx2), torch 2.13.0 x2 threads, commit abc1234 |" in table
     assert _run(tmp_path, "--check") == 0
+
+
+def test_the_page_says_where_the_run_of_record_falls_in_the_sweeps_spread(tmp_path: Path) -> None:
+    from mmrl.demo.aggregate import aggregate
+    from mmrl.report.page import against_band
+
+    runs = [{"start": "/s/sft-a", "seed": seed, "state": "succeeded", "steps": 110, "start_solve_rate": 0.5,
+             "end_solve_rate_last3": rate, "within_budget_solve_rate": rate, "held_out_solve_rate": rate - 0.05}
+            for seed, rate in enumerate((0.8, 0.9))]
+    curves = [{"eval": [{"step": 0, "greedy_solve_rate": 0.5}]} for _ in runs]
+    sweep = {**aggregate(runs, curves), "env": "maze", "budget_min": 30.0}
+    summary, curve = _demo_output(tmp_path / "demo", budget_min=30.0, end_solve_rate_last3=0.95,
+                                  within_budget_solve_rate=0.8, held_out_end_solve_rate=0.7)
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "sweep.json").write_text(json.dumps(sweep))
+    assert _run(tmp_path, "--summary", summary, "--curve", curve, "--update") == 0
+    assert _run(tmp_path, "--sweep", tmp_path / "sweep" / "sweep.json") == 0
+
+    page = (tmp_path / "results.md").read_text()
+    assert _rows(page)["GRPO at the end, mean of the last 3 evals, greedy"] == "0.950"
+    assert ("The run of record of `make demo` against this spread: end (mean of the last 3 evals) 0.950, above the "
+            "best; within 30 minutes 0.800, inside; held out 0.700, below the worst.") in page
+    record = json.loads(summary.read_text())
+    assert against_band({**record, "env": "maze"}, {**sweep, "env": "sokoban"}) is None  # another env's sweep
+    other_budget = against_band({**record, "budget_min": 15.0}, sweep) or ""
+    assert "end (mean of the last 3 evals) 0.950" in other_budget and "within" not in other_budget

@@ -66,6 +66,8 @@ def result_rows(summary: dict[str, Any], curve: dict[str, Any]) -> list[tuple[st
         if summary.get("grpo_wall_s"):
             where.append(f"{_seconds(summary['grpo_wall_s'])} of GRPO")
         rows.append(("GRPO at the end, greedy", _rate(end) + (f" ({', '.join(where)})" if where else "")))
+    if summary.get("end_solve_rate_last3") is not None:
+        rows.append(("GRPO at the end, mean of the last 3 evals, greedy", _rate(summary["end_solve_rate_last3"])))
     sampled = _from_to(summary.get("start_sampled_solve_rate"), summary.get("end_sampled_solve_rate"))
     if sampled:
         rows.append(("sampled solve rate, start -> end", sampled))
@@ -112,15 +114,48 @@ def _seconds_per_step(value: Any) -> str:
     return "-" if value is None else f"{float(value):.1f}"
 
 
-def sweep_section(sweep: dict[str, Any], image: str) -> list[str]:
-    """A sweep's part of the page: what ran, the figures' spread, the band per eval step, each run."""
+# The run of record's figures set against a sweep's spread of the same figure: (what, summary key, sweep key).
+BAND_FIGURES = (("end (mean of the last 3 evals)", "end_solve_rate_last3", "end_solve_rate_last3"),
+                ("within {budget} minutes", "within_budget_solve_rate", "within_budget_solve_rate"),
+                ("held out", "held_out_end_solve_rate", "held_out_solve_rate"))
+
+
+def against_band(summary: dict[str, Any], sweep: dict[str, Any]) -> str | None:
+    """Where the run of record's figures fall in a sweep's worst..best (None when the sweep is of another
+    environment, or no figure is on both sides)."""
+    if sweep.get("env", "maze") != summary.get("env", "maze"):
+        return None
+    figures = sweep.get("figures", {})
+    budget = f"{float(sweep.get('budget_min', 30)):g}"
+    if summary.get("budget_min") is not None and float(summary["budget_min"]) != float(budget):
+        figures = {key: value for key, value in figures.items() if key != "within_budget_solve_rate"}
+    parts = []
+    for what, mine, theirs in BAND_FIGURES:
+        spread = figures.get(theirs)
+        if summary.get(mine) is None or not spread:
+            continue
+        value = float(summary[mine])
+        place = ("below the worst" if value < spread["worst"] else "above the best" if value > spread["best"]
+                 else "inside")
+        parts.append(f"{what.format(budget=budget)} {_rate(value)}, {place}")
+    if not parts:
+        return None
+    return "The run of record of `make demo` against this spread: " + "; ".join(parts) + "."
+
+
+def sweep_section(sweep: dict[str, Any], image: str, summary: dict[str, Any] | None = None) -> list[str]:
+    """A sweep's part of the page: what ran, the figures' spread, where the run of record falls in it,
+    the band per eval step, each run."""
     env = sweep.get("env", "")
     starts = ", ".join(f"`{Path(s).name}`" for s in sweep.get("starts", []))
     seeds = ", ".join(str(s) for s in sweep.get("seeds", []))
     lines = [f"## GRPO over seeds and starts: {env}", "",
              f"`{sweep.get('command', 'mmrl sweep')}`: {sweep.get('num_succeeded')} of {sweep.get('num_runs')} runs "
              f"succeeded (starts {starts}; seeds {seeds}). Worst / mean / best over the runs:", "",
-             _table(sweep_rows(sweep)), "", f"![sweep band](images/{image})", "",
+             _table(sweep_rows(sweep)), ""]
+    placed = against_band(summary or {}, sweep)
+    lines += [placed, ""] if placed else []
+    lines += [f"![sweep band](images/{image})", "",
              "| step | worst | mean | best |", "| --- | --- | --- | --- |"]
     lines += [f"| {p['step']} | {_rate(p['worst'])} | {_rate(p['mean'])} | {_rate(p['best'])} |"
               for p in sweep.get("band", [])]
@@ -203,7 +238,7 @@ def render_page(summary: dict[str, Any], curve: dict[str, Any], sweeps: dict[str
                   + sampled
                   + (f"; kept: {summary['sft_updates']} updates." if summary.get("sft_updates") else "."), ""]
     for env, sweep in sorted((sweeps or {}).items()):
-        lines += sweep_section(sweep, f"sweep-{env}-band.png")
+        lines += sweep_section(sweep, f"sweep-{env}-band.png", summary)
     lines += ["How these figures vary between runs and machines, and every other run:"
               " [experiments/README.md](experiments/README.md).", ""]
     return "\n".join(lines)
