@@ -1,6 +1,7 @@
 """The `reward: progress` option of the maze and Sokoban: every move earns the share of the way to the
 solution it covered (potential-based shaping from the env's oracle), so an episode's rewards sum to 1
-plus the share covered, a move there and back earns nothing, and a stuck box costs the whole way."""
+plus the share covered, a move there and back earns nothing, and a stuck box costs the whole way.
+`reward: paced` charges every turn one move's share besides: a shortest solve earns 1.0 in all."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from services.common.task import TaskSpec
 from services.env.errors import EnvError
-from services.env.kit.reward import progress
+from services.env.kit.reward import progress, shaping
 from services.env.maze.env import MazeEnv
 from services.env.maze.maze import generate_maze, solve
 from services.env.sokoban.env import SokobanEnv, load_task
@@ -84,5 +85,45 @@ def _stuck_walk(env: SokobanEnv, task: object) -> list[float] | None:
 
 @pytest.mark.parametrize("env", [MazeEnv(), SokobanEnv()])
 def test_an_unknown_reward_mode_is_refused_naming_the_option(env: object) -> None:
-    with pytest.raises(EnvError, match=r"options\.reward: must be one of sparse, progress"):
+    with pytest.raises(EnvError, match=r"options\.reward: must be one of sparse, progress, paced"):
         env.create([TaskSpec(seed=1, max_moves=5, options={"reward": "dense"})])  # type: ignore[attr-defined]
+
+
+def test_paced_shaping_charges_each_turn_one_moves_share() -> None:
+    assert shaping("paced", 5, 4, 10) == pytest.approx(0.0)  # along a shortest solution: breaks even
+    assert shaping("paced", 5, 5, 10) == pytest.approx(-0.1) and shaping("paced", 4, 5, 10) == pytest.approx(-0.2)
+    assert shaping("progress", 5, 5, 10) == 0.0 and shaping("sparse", 5, 4, 10) == 0.0
+
+
+def test_paced_maze_a_shortest_solve_earns_one_and_a_bump_costs_a_move() -> None:
+    maze = generate_maze(11, 9)
+    spec = TaskSpec(seed=11, max_moves=20, options={"size": "9", "reward": "paced"})
+    played = _play(MazeEnv(), spec, solve(maze))
+    assert sum(r for r, _ in played) == pytest.approx(1.0) and played[-1][1]
+    blocked = next(d for d in ("up", "down", "left", "right") if maze.neighbour(maze.start, d) is None)
+    [(bump, _)] = _play(MazeEnv(), spec, [blocked])
+    assert bump == pytest.approx(-1 / maze.optimal_moves)
+
+
+def test_paced_sokoban_each_move_beyond_the_fewest_costs_its_share() -> None:
+    env = SokobanEnv()
+    spec = TaskSpec(seed=3, max_moves=20, options={"size": "5", "pulls": "4", "reward": "paced"})
+    optimal = load_task(3, 5, 4, 16, True, 1 << 20).solution.optimal_moves
+    [state] = env.create([spec])
+    total, turns = 0.0, 0
+    bump = next(a for a in ("up", "down", "left", "right") if _bumps(env, spec, a))
+    for action in [bump, bump]:
+        [state] = env.step([type("A", (), {"episode_id": state.episode_id, "action": action})()])
+        total, turns = total + state.reward, turns + 1
+    while not state.done:
+        [state] = env.step([type("A", (), {"episode_id": state.episode_id,
+                                           "action": state.dynamic_info["optimal_action"]})()])
+        total, turns = total + state.reward, turns + 1
+    assert state.dynamic_info["solved"] and turns == optimal + 2
+    assert total == pytest.approx(1.0 - 2 / optimal)  # the solve's 1.0, less the two wasted turns
+
+
+def _bumps(env: SokobanEnv, spec: TaskSpec, action: str) -> bool:
+    [state] = env.create([spec])
+    [state] = env.step([type("A", (), {"episode_id": state.episode_id, "action": action})()])
+    return bool(state.dynamic_info.get("wall_bump"))

@@ -19,7 +19,7 @@ from typing import Any
 
 from services.env.kit.actions import parse_action
 from services.env.kit.grid import STOP, Cell
-from services.env.kit.reward import progress
+from services.env.kit.reward import shaping
 from services.env.maze.maze import Maze, optimal_action
 from services.env.maze.render import MazeRenderer
 from services.env.maze.spec import EpisodeSettings
@@ -103,8 +103,8 @@ class Episode:
                         self.feedback = SOLVED
         if self.solved:
             self.reward = 1.0
-        if self.settings.reward == "progress":
-            self.reward += progress(before, int(self.maze.distance[self.position]), self.maze.optimal_moves)
+        self.reward += shaping(self.settings.reward, before, int(self.maze.distance[self.position]),
+                               self.maze.optimal_moves)
         if not self.solved and self.moves >= self.settings.max_moves and not self.done:
             self.done = self.truncated = True
             self.feedback = f"{self.feedback} {OUT_OF_MOVES}".lstrip()

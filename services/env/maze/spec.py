@@ -8,8 +8,9 @@ Options of the maze environment (all values are strings, as in the proto's map):
                 only counts when the agent then answers "stop" on it (default "false")
   start, goal   cell "row,col" (0-based cell coordinates, not grid units; default top-left and
                 bottom-right cell)
-  reward        "sparse" (default: 1.0 on the solving step) or "progress" (plus the share of the way
-                to the goal each move covers; services/env/kit/reward.py)
+  reward        "sparse" (default: 1.0 on the solving step), "progress" (plus the share of the way
+                to the goal each move covers) or "paced" (progress less one move's share a turn;
+                services/env/kit/reward.py)
 Seeds and unknown options are checked as every environment does (services/env/kit/spec.py).
 """
 

@@ -5,8 +5,9 @@ Options of a spec (all values are strings, as in the proto's map):
   pulls    most reverse-play pulls of the level's generation, 1..20 (default "4"; more: longer pushes)
   unit_px  pixels per cell (default "16": one image token per cell for patch 8, merge 2); the frame
            side size * unit_px must not exceed the config's max_frame_px
-  reward   "sparse" (default: 1.0 on the solving push) or "progress" (plus the share of the way to the
-           solution each move covers, by the oracle's moves to solve; services/env/kit/reward.py)
+  reward   "sparse" (default: 1.0 on the solving push), "progress" (plus the share of the way to the
+           solution each move covers, by the oracle's moves to solve) or "paced" (progress less one
+           move's share a turn; services/env/kit/reward.py)
 Seeds must be in [0, 2**53); max_moves 0 means DEFAULT_MAX_MOVES. Unknown options are refused.
 The env's limits (live episodes, batch, action text, largest budget, frame cache) are EnvConfig's.
 """

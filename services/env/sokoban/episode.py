@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.env.kit.actions import parse_action
-from services.env.kit.reward import RewardMode, progress
+from services.env.kit.reward import RewardMode, shaping
 from services.env.sokoban.level import Level
 from services.env.sokoban.render import SokobanRenderer
 from services.env.sokoban.solver import Solution, State, move
@@ -102,9 +102,9 @@ class SokobanEpisode:
                 self.done = self.stuck = True
                 self.feedback = STUCK
         self.reward = 1.0 if self.solved else 0.0
-        if self.reward_mode == "progress":
+        if self.reward_mode != "sparse":
             after = 0 if self.solved else self.task.solution.moves_to_solve(self.state)
-            self.reward += progress(before, after, self.task.solution.optimal_moves)
+            self.reward += shaping(self.reward_mode, before, after, self.task.solution.optimal_moves)
         if self.moves >= self.max_moves and not self.done:
             self.done = self.truncated = True
             self.feedback = f"{self.feedback} {OUT_OF_MOVES}".lstrip()
