@@ -54,7 +54,7 @@ def result_rows(summary: dict[str, Any], curve: dict[str, Any]) -> list[tuple[st
             how.append(_seconds(summary["sft_wall_s"]))
         rows.append(("SFT start, greedy solve rate", _rate(start) + (f" ({', '.join(how)})" if how else "")))
     if summary.get("within_budget_solve_rate") is not None:
-        budget = f"{float(summary.get('budget_min', 30)):g}"
+        budget = _budget(summary)
         where = [f"step {summary['within_budget_step']}"] if summary.get("within_budget_step") is not None else []
         if summary.get("within_budget_grpo_s") is not None:
             where.append(f"{_seconds(summary['within_budget_grpo_s'])} of GRPO steps and evals")
@@ -93,11 +93,16 @@ def _spread(figure: dict[str, Any] | None) -> str | None:
             f"({figure['num']} runs)")
 
 
+def _budget(record: dict[str, Any]) -> str:
+    """The minutes of a demo's or sweep's "within the budget" figure, as the page writes them."""
+    return f"{float(record.get('budget_min', 30)):g}"
+
+
 def sweep_rows(sweep: dict[str, Any]) -> list[tuple[str, str]]:
     """(what, worst / mean / best) rows of a sweep; a figure no run has is left out."""
     figures = sweep.get("figures", {})
     steps = max((r.get("steps") or 0 for r in sweep.get("runs", [])), default=0)
-    budget = f"{float(sweep.get('budget_min', 30)):g}"
+    budget = _budget(sweep)
     named = [("start (step 0), greedy", "start_solve_rate"),
              (f"end (step {steps}, mean of the last 3 evals), greedy", "end_solve_rate_last3"),
              (f"last eval within {budget} minutes of GRPO, greedy", "within_budget_solve_rate"),
@@ -126,8 +131,8 @@ def against_band(summary: dict[str, Any], sweep: dict[str, Any]) -> str | None:
     if sweep.get("env", "maze") != summary.get("env", "maze"):
         return None
     figures = sweep.get("figures", {})
-    budget = f"{float(sweep.get('budget_min', 30)):g}"
-    if summary.get("budget_min") is not None and float(summary["budget_min"]) != float(budget):
+    budget = _budget(sweep)
+    if summary.get("budget_min") is not None and _budget(summary) != budget:
         figures = {key: value for key, value in figures.items() if key != "within_budget_solve_rate"}
     parts = []
     for what, mine, theirs in BAND_FIGURES:
