@@ -75,6 +75,14 @@ def test_the_sft_checks_show_their_sampled_rates_where_the_checks_measured_them(
         assert f"Validation solve rates at updates 500..600: {expected}" in (tmp_path / "results.md").read_text()
 
 
+def test_a_demo_that_measured_chance_shows_it_under_its_start(tmp_path: Path) -> None:
+    summary, curve = _demo_output(tmp_path / "demo", chance_solve_rate=0.0751953125)
+    assert _run(tmp_path, "--summary", summary, "--curve", curve) == 0
+    rows = list(_rows((tmp_path / "results.md").read_text()).items())
+    assert rows[:2] == [("SFT start, greedy solve rate", "0.500 (700 updates, 2,000 s)"),
+                        ("A uniform random policy (chance), sampled", "0.075")]
+
+
 def test_missing_optional_fields_leave_their_rows_out(tmp_path: Path) -> None:
     summary, curve = _demo_output(tmp_path / "demo")
     data = json.loads(summary.read_text())

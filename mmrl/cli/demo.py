@@ -80,6 +80,7 @@ def main(argv: list[str]) -> int:
         summary = run_grpo(api, config, out, shared_root, args.budget_min, f"GRPO from SFT ({args.env})")
     summary.update({
         "env": args.env, "sft_solve_rate": sft_report.get("eval", {}).get("greedy_solve_rate"),
+        "chance_solve_rate": sft_report.get("chance", {}).get("chance_solve_rate"),
         "sft_updates": sft_report.get("updates"), "sft_checks": sft_report.get("checks"),
         "sft_wall_s": round(sft_wall_s, 1), "model_dir": str(sft_model.resolve()), "machine": machine_info(),
     })

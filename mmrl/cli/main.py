@@ -41,6 +41,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("report",): ("mmrl.report.page", "write docs/results.md from a demo's summary.json and curve.json"),
     ("config",): ("mmrl.cli.config", "show, validate or document configs and settings"),
     ("env", "check"): ("mmrl.cli.env_check", "check that an env server keeps the EnvService contract"),
+    ("env", "chance"): ("mmrl.cli.env_chance", "solve rate of a uniform random policy on an env's eval set"),
     ("bench", "env"): ("mmrl.bench.env", "benchmark an environment's episodes"),
     ("bench", "rollout"): ("mmrl.bench.rollout", "benchmark vLLM generation and adapters"),
     ("bench", "learner"): ("mmrl.bench.learner", "benchmark GRPO training steps"),

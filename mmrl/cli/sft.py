@@ -35,6 +35,7 @@ def load_sft_config(path: Path, out: Path | None, base_model: Path | None,
 def run_sft(config: Any, state_dir: Path, evaluate_after: bool = True, quiet: bool = False,
             nproc: int = 1) -> dict[str, Any]:
     """Trains (env service started locally; `nproc` ranks), saves, then evaluates the saved model."""
+    from mmrl.envcheck.chance import chance_rate
     from mmrl.sft.train import train_sft
 
     say = (lambda _msg: None) if quiet else (lambda msg: print(msg, flush=True))
@@ -54,8 +55,12 @@ def run_sft(config: Any, state_dir: Path, evaluate_after: bool = True, quiet: bo
             summary, _ = asyncio.run(evaluate(stack.address("env"), stack.address("rollout"), Path(config.out),
                                               samples=0, system_prompt=config.system_prompt))
             report["eval"] = summary
-            say(f"sft eval: greedy solve rate {summary['greedy_solve_rate']:.4f} on "
-                f"{summary['episodes']} eval tasks")
+            chance = asyncio.run(chance_rate(stack.address("env"))).as_dict()
+            report["chance"] = chance
+            say(f"sft eval: greedy solve rate {summary['greedy_solve_rate']:.4f} on {summary['episodes']} eval "
+                f"tasks; a uniform random policy solves {chance['chance_solve_rate']:.4f}"
+                + ("" if summary["greedy_solve_rate"] > chance["chance_solve_rate"] else
+                   " (not above chance: the start does not read its frames yet; docs/environments.md, 'Chance')"))
             report_path = Path(config.out) / "sft_report.json"
             report_path.write_text(json.dumps(report, indent=2))
     finally:

@@ -53,6 +53,8 @@ def result_rows(summary: dict[str, Any], curve: dict[str, Any]) -> list[tuple[st
         if summary.get("sft_wall_s"):
             how.append(_seconds(summary["sft_wall_s"]))
         rows.append(("SFT start, greedy solve rate", _rate(start) + (f" ({', '.join(how)})" if how else "")))
+    if summary.get("chance_solve_rate") is not None:
+        rows.append(("A uniform random policy (chance), sampled", _rate(summary["chance_solve_rate"])))
     if summary.get("within_budget_solve_rate") is not None:
         budget = _budget(summary)
         where = [f"step {summary['within_budget_step']}"] if summary.get("within_budget_step") is not None else []

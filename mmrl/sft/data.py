@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 from google.protobuf.json_format import MessageToDict
 
 from mmrl.sft.config import SftConfig
@@ -27,6 +28,7 @@ from mmrl_proto.v1 import env_pb2, env_pb2_grpc
 from services.common.conversation import ChatTokens, TokenConversation, expand_image_placeholders
 from services.common.grpc_server import sync_channel
 from services.common.trajectory import Trajectory
+from services.common.user_errors import UsageError
 from services.learner.batch import ModelSpec, decode_image
 
 
@@ -40,7 +42,8 @@ class SftTasks:
 
 def draw_tasks(env_address: str, config: SftConfig) -> SftTasks:
     """The SFT's tasks from the env service (module docstring); ValueError when the env is not the one
-    the config names or has no oracle."""
+    the config names or has no oracle, UsageError when it refuses the draw (e.g. more tasks than its
+    `max_batch`)."""
     with sync_channel(env_address) as channel:
         stub = env_pb2_grpc.EnvServiceStub(channel)
         info = stub.GetEnvInfo(env_pb2.GetEnvInfoRequest(), timeout=60)
@@ -49,9 +52,15 @@ def draw_tasks(env_address: str, config: SftConfig) -> SftTasks:
         if "oracle" not in info.capabilities:
             raise ValueError(f"env {info.name!r} has no 'oracle' capability (info.optimal_action): "
                              "no expert to imitate")
-        reply = stub.GetTrainingTasks(env_pb2.GetTrainingTasksRequest(
-            seed=f"mmrl-sft:{config.seed}", count=config.num_drawn(), max_moves=config.max_moves,
-            options=config.options), timeout=600)
+        try:
+            reply = stub.GetTrainingTasks(env_pb2.GetTrainingTasksRequest(
+                seed=f"mmrl-sft:{config.seed}", count=config.num_drawn(), max_moves=config.max_moves,
+                options=config.options), timeout=600)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                raise
+            raise UsageError(f"the env service refused the SFT's task draw (num_tasks + check_tasks = "
+                             f"{config.num_drawn()}): {error.details()}") from None
     specs = list(reply.specs)
     return SftTasks(training=specs[:config.num_tasks], validation=specs[config.num_tasks:])
 

@@ -27,3 +27,16 @@ def test_a_check_evaluates_the_saved_checkpoint_on_the_validation_tasks(tiny_mod
     assert report["updates"] == 2 and json.loads((out / "sft_report.json").read_text())["checks"] == [entry]
     log = (tmp_path / "state" / "logs" / "rollout.log").read_text()
     assert str(out.resolve()) in log  # the rollout service served the checkpoint, not the base model
+
+
+def test_the_eval_after_the_sft_sets_the_start_beside_chance(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sft"
+    config = SftConfig(base_model=str(tiny_model_dir), out=str(out), num_tasks=4, updates=1, batch_size=4,
+                       optim={"micro_batch_size": 4, "warmup_steps": 0})
+    report = run_sft(config, tmp_path / "state", evaluate_after=True, quiet=True)
+    saved = json.loads((out / "sft_report.json").read_text())
+    assert saved["eval"]["episodes"] == 64
+    chance = saved["chance"]
+    assert (chance["env"], chance["tasks"], chance["samples"]) == ("maze", 64, 16)
+    assert 0.0 <= chance["chance_solve_rate"] <= chance["chance_pass_rate"] <= 1.0
+    assert report["chance"] == chance

@@ -107,3 +107,11 @@ def test_an_env_without_an_oracle_has_no_expert(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="no 'oracle' capability"):
         with_env_service(lambda address: draw_tasks(address, SftConfig(**MAZE)), NoOracle())
+
+
+def test_more_tasks_than_the_env_draws_in_one_call_is_a_usage_error() -> None:
+    from services.common.user_errors import UsageError
+
+    config = SftConfig(**MAZE, num_tasks=5000)
+    with pytest.raises(UsageError, match=r"num_tasks \+ check_tasks = 5000\): count: 5000 items, more than max_batch"):
+        with_env_service(lambda address: draw_tasks(address, config))
