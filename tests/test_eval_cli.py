@@ -130,3 +130,30 @@ def test_the_token_budget_is_the_longest_action_word_unless_given() -> None:
     assert action_token_budget(tokenizer, ["up", "down", "left"]) == 1  # type: ignore[arg-type]
     assert action_token_budget(tokenizer, ["left", "for-w-ard"]) == 3  # type: ignore[arg-type]
     assert action_token_budget(tokenizer, []) == 1  # type: ignore[arg-type]
+
+
+def test_the_system_prompt_is_the_one_the_model_trained_with_unless_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from services.common.conversation import DEFAULT_SYSTEM_PROMPT
+
+    used: list[str] = []
+
+    async def evaluate(*args: object, system_prompt: str, **kwargs: object) -> tuple[dict[str, object], list[object]]:
+        used.append(system_prompt)
+        return {"greedy_solve_rate": 0.5, "episodes": 2, "mean_moves_over_optimal": None,
+                "greedy_invalid_fraction": 0.0, "greedy_noop_fraction": 0.0, "greedy_failed_stuck": 0.0,
+                "greedy_failed_cycling": 0.0, "greedy_failed_other": 0.5, "sampled_solve_rate": None,
+                "sampled_pass_rate": None}, []
+
+    monkeypatch.setattr(eval_cli, "evaluate", evaluate)
+    services = ["--env", "127.0.0.1:1", "--rollout", "127.0.0.1:2", "--json"]
+    (tmp_path / "config.json").write_text("{}")
+    assert eval_cli.main(["--model", str(tmp_path), *services]) == 0  # no report: the maze's prompt
+    (tmp_path / "sft_report.json").write_text(json.dumps({"config": {"system_prompt": "You push boxes."}}))
+    assert eval_cli.main(["--model", str(tmp_path), *services]) == 0
+    assert eval_cli.main(["--model", str(tmp_path), "--system-prompt", "Given.", *services]) == 0
+    assert used == [DEFAULT_SYSTEM_PROMPT, "You push boxes.", "Given."]
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["system_prompt"] == "Given."

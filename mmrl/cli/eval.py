@@ -4,7 +4,9 @@ given).
 
 `--env-name NAME` picks the environment of the env service it starts (services/env/registry.py; the
 maze by default) and `--eval-set NAME` one of its eval sets (its default otherwise), e.g.
-`maze-held-out-256` or `sokoban-held-out-128`: tasks no training plays, outside the fixed set. A
+`maze-held-out-256` or `sokoban-held-out-128`: tasks no training plays, outside the fixed set. The
+system turn is the one the model's SFT trained with (its sft_report.json) unless `--system-prompt`
+gives another; a model without a report gets the maze's. A
 `--seeds A-B` range is played as it is, with `--option KEY=VALUE` and `--max-moves`: most of its tasks
 may be training tasks too."""
 
@@ -101,6 +103,16 @@ async def evaluate(
     return summary, greedy
 
 
+def trained_system_prompt(model: Path) -> str | None:
+    """The system prompt the model's SFT trained with (its sft_report.json's config), None without one."""
+    try:
+        report = json.loads((model / "sft_report.json").read_text())
+    except (OSError, ValueError):
+        return None
+    prompt = report.get("config", {}).get("system_prompt") if isinstance(report, dict) else None
+    return prompt if isinstance(prompt, str) and prompt else None
+
+
 def stage_adapter(adapter_dir: Path, shared_root: Path) -> tuple[str, int, str]:
     """Copies an adapter into the shared root as version 1 of run 'eval' (with a fresh manifest)."""
     target = storage.adapter_dir(shared_root, "eval", 1)
@@ -125,6 +137,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-moves", type=int, default=DEFAULT_MAX_MOVES, help="with --seeds: the move budget")
     parser.add_argument("--samples", type=int, default=0, help="sampled episodes per task besides greedy")
     parser.add_argument("--temperature", type=float, default=1.0, help="temperature of sampled episodes")
+    parser.add_argument("--system-prompt", help="the system turn of every episode (default: the one the model's "
+                                                "SFT trained with, from its sft_report.json; else the maze's)")
     parser.add_argument("--max-tokens", type=int,
                         help="token budget of one action (default: the tokens of the env's longest action "
                              "word, as the shipped configs' sampling.max_tokens; a run's evals use its own)")
@@ -157,6 +171,9 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         raise SystemExit(f"--adapter {args.adapter}: {exc}") from exc
 
+    system_prompt = args.system_prompt or trained_system_prompt(args.model) or DEFAULT_SYSTEM_PROMPT
+    if not args.json:
+        print(f"system prompt: {system_prompt!r}", file=sys.stderr, flush=True)
     started = time.perf_counter()
     # An adapter from elsewhere (a checkpoint, another trainer) carries no probe: it is served unchecked.
     stack = Stack(StackConfig(model=args.model.resolve(), state_dir=args.state_dir, lora_rank=lora_rank,
@@ -169,7 +186,8 @@ def main(argv: list[str]) -> int:
         summary, _ = asyncio.run(evaluate(
             args.env or stack.address("env"), args.rollout or stack.address("rollout"), args.model,
             eval_set=args.eval_set, specs=specs, adapter=adapter,
-            samples=args.samples, temperature=args.temperature, max_tokens=args.max_tokens))
+            samples=args.samples, temperature=args.temperature, max_tokens=args.max_tokens,
+            system_prompt=system_prompt))
     finally:
         stack.stop()
     result = {
@@ -180,7 +198,7 @@ def main(argv: list[str]) -> int:
         "noop_fraction": summary["greedy_noop_fraction"],
         "failed": {mode: summary[f"greedy_failed_{mode}"] for mode in ("stuck", "cycling", "other")},
         "sampled_solve_rate": summary["sampled_solve_rate"], "sampled_pass_rate": summary["sampled_pass_rate"],
-        "samples": args.samples, "model": str(args.model),
+        "samples": args.samples, "model": str(args.model), "system_prompt": system_prompt,
         "adapter": str(args.adapter) if args.adapter else None, "wall_s": time.perf_counter() - started,
     }
     if args.json:

@@ -90,7 +90,8 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
             return
         # The last update's model goes to `out` itself; earlier ones to <out>-u<N>.
         saved = Path(config.out) if update == config.updates else Path(f"{config.out}-u{update}")
-        ranks.save_model(model, processor, config, ctx, saved, {"updates": update, "loss_history": history},
+        ranks.save_model(model, processor, config, ctx, saved,
+                         {"config": config.model_dump(), "updates": update, "loss_history": history},
                          _swap_in)
         if not is_check or check is None or not ctx.is_main:
             return
