@@ -14,7 +14,7 @@ import json
 
 import grpc
 
-from mmrl.cli.env_check import ADDRESS
+from mmrl.cli.env_check import check_target
 from mmrl.envcheck.chance import chance_rate
 from services.common.messages import summary
 from services.common.user_errors import CommandFailed, UsageError
@@ -33,12 +33,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    if not ADDRESS.match(args.address):
-        raise UsageError(f"ADDR {args.address!r}: expected host:port, e.g. 127.0.0.1:50051")
+    check_target(args.address, args.timeout_s)
     if args.samples < 1:
         raise UsageError(f"--samples {args.samples}: must be at least 1")
-    if not args.timeout_s > 0:
-        raise UsageError(f"--timeout-s {args.timeout_s}: must be more than 0")
     try:
         result = asyncio.run(chance_rate(args.address, args.eval_set, args.samples, args.seed, args.timeout_s))
     except ValueError as error:

@@ -31,12 +31,18 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_target(address: str, timeout_s: float) -> None:
+    """UsageError unless `address` is host:port (or unix:PATH) and `timeout_s` is positive: the
+    arguments `mmrl env check` and `mmrl env chance` share."""
+    if not ADDRESS.match(address):
+        raise UsageError(f"ADDR {address!r}: expected host:port, e.g. 127.0.0.1:50051")
+    if not timeout_s > 0:
+        raise UsageError(f"--timeout-s {timeout_s}: must be more than 0")
+
+
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    if not ADDRESS.match(args.address):
-        raise UsageError(f"ADDR {args.address!r}: expected host:port, e.g. 127.0.0.1:50051")
-    if not args.timeout_s > 0:
-        raise UsageError(f"--timeout-s {args.timeout_s}: must be more than 0")
+    check_target(args.address, args.timeout_s)
 
     def show(result: CheckResult) -> None:
         print(row(result), flush=True)

@@ -4,8 +4,9 @@ from the env's action words (GetEnvInfo `actions`) solves an eval set.
 It is where "learned nothing" sits. A start (an SFT checkpoint, a base model) whose greedy solve rate is
 at chance does not read the observations yet, whatever its loss says; GRPO from it samples episodes no
 better than random ones. Each task is played `samples` times, the episodes at once (in batches of
-what one CreateEpisodes call creates), over the env service's gRPC API (no model, no rollout service). An episode counts as solved as the run's evals count
-it: `info["solved"]` where the env reports it, a positive return otherwise."""
+what one CreateEpisodes call creates), over the env service's gRPC API (no model, no rollout
+service). An episode counts as solved as the run's evals count it: `info["solved"]` where the env
+reports it, a positive return otherwise."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ the same policy played on the Sokoban rules in this process."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 
@@ -22,6 +23,7 @@ from tests.envcheck.test_env_check import serving
 MOVES = ("up", "down", "left", "right")
 
 
+@functools.cache
 def _sokoban_chance_here(samples: int, seed: int) -> float:
     """The uniform random policy on sokoban-64 by the env's rules (solved on the target, ended by a stuck
     box or the move budget), without the service."""
