@@ -18,6 +18,7 @@ from google.protobuf.json_format import MessageToDict
 
 from mmrl.envcheck.probe import EnvProbe
 from mmrl_proto.v1 import env_pb2
+from services.common.task import episode_solved
 
 MAX_TURNS = 1000  # a guard against an env whose episodes never end; the eval sets' move budgets end them first
 
@@ -42,7 +43,7 @@ class ChanceResult:
 
 
 def _solved(state: env_pb2.EpisodeState, total_reward: float) -> bool:
-    return bool(MessageToDict(state.info).get("solved", total_reward > 0))
+    return episode_solved(MessageToDict(state.info), total_reward)
 
 
 async def _play(probe: EnvProbe, specs: list[env_pb2.EpisodeSpec], actions: tuple[str, ...],

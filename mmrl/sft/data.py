@@ -27,6 +27,7 @@ from mmrl.sft.config import SftConfig
 from mmrl_proto.v1 import env_pb2, env_pb2_grpc
 from services.common.conversation import ChatTokens, TokenConversation, expand_image_placeholders
 from services.common.grpc_server import sync_channel
+from services.common.task import episode_solved
 from services.common.trajectory import Trajectory
 from services.common.user_errors import UsageError
 from services.learner.batch import ModelSpec, decode_image
@@ -99,6 +100,7 @@ def expert_conversations(
             convs = {}
             states = {}
             detour_left: dict[str, int] = {}  # random moves still to play, per episode
+            returns: dict[str, float] = {}  # the sum of each episode's rewards so far
             for spec, state in zip(specs, created.episodes, strict=True):
                 conv = TokenConversation(chat)
                 conv.add_system(tokenizer, config.system_prompt)
@@ -128,10 +130,11 @@ def expert_conversations(
                 stepped = stub.Step(env_pb2.StepRequest(actions=actions), timeout=120)
                 for new_state in stepped.episodes:
                     spec, _ = states[new_state.episode_id]
+                    returns[new_state.episode_id] = returns.get(new_state.episode_id, 0.0) + new_state.reward
                     if new_state.done:
                         del states[new_state.episode_id]
                         conv = convs[new_state.episode_id]
-                        solved = MessageToDict(new_state.info).get("solved", new_state.reward > 0)
+                        solved = episode_solved(MessageToDict(new_state.info), returns[new_state.episode_id])
                         if solved and sum(conv.loss_mask) > 0:
                             trajectories.append(conv.to_trajectory(
                                 f"sft-{spec.seed}", [float(m) for m in conv.loss_mask], reward=new_state.reward))

@@ -14,3 +14,9 @@ class TaskSpec:
     seed: int
     max_moves: int = 0
     options: Mapping[str, str] = field(default_factory=dict)
+
+
+def episode_solved(info: Mapping[str, object], total_reward: float) -> bool:
+    """Whether an ended episode solved its task, as every eval, the SFT's expert play and the chance
+    baseline count it: the env's `info["solved"]` where it reports one, else a positive return."""
+    return bool(info.get("solved", total_reward > 0))

@@ -16,6 +16,7 @@ from typing import Any
 
 from services.common import tracing
 from services.common.conversation import ChatTokens, TokenConversation, Tokenizer
+from services.common.task import episode_solved
 from services.coordinator.ops.replicas import Services
 from services.coordinator.ops.wire import EpisodeState, Prompt, SamplingParams, TaskSpec
 
@@ -72,7 +73,7 @@ class EpisodeResult:
 
     @property
     def solved(self) -> bool:
-        return bool(self.info.get("solved", self.reward > 0))
+        return episode_solved(self.info, self.reward)
 
 
 def prefix_cached_fraction(episodes: list[EpisodeResult]) -> float:
