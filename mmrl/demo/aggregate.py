@@ -1,6 +1,7 @@
 """A sweep's runs as one distribution: per eval step the worst, mean and best greedy solve rate, and per
-figure of a run (the end as the mean of its last evals, the last eval within the time budget, held
-out) the worst, mean and best over the runs. Pure functions over the runs' summaries and curves."""
+figure of a run (the end as the mean of its last evals, the last eval within the time budget and its
+gain over the start, held out) the worst, mean and best over the runs. Pure functions over the runs'
+summaries and curves."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ from typing import Any
 from mmrl.report.plots import write_json
 
 FIGURES = ("start_solve_rate", "end_solve_rate", "end_solve_rate_last3", "within_budget_solve_rate",
-           "held_out_solve_rate")
+           "within_budget_gain", "held_out_solve_rate")
+
+
+def with_gain(run: dict[str, Any]) -> dict[str, Any]:
+    """`run` with `within_budget_gain`: its last greedy eval within the time budget less its start (None
+    without either)."""
+    within, start = run.get("within_budget_solve_rate"), run.get("start_solve_rate")
+    gain = float(within) - float(start) if within is not None and start is not None else None
+    return {**run, "within_budget_gain": gain}
 
 
 def spread(values: list[float]) -> dict[str, float] | None:
@@ -34,6 +43,7 @@ def band(curves: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def aggregate(runs: list[dict[str, Any]], curves: list[dict[str, Any]]) -> dict[str, Any]:
     """The sweep's aggregate: `band` over the curves, `figures` (each figure's spread over the runs that
     succeeded), `by_start` (the same per SFT start), and the runs in one line each."""
+    runs = [with_gain(r) for r in runs]
     succeeded = [r for r in runs if r.get("state") == "succeeded"]
     figures = {name: spread([float(r[name]) for r in succeeded if r.get(name) is not None]) for name in FIGURES}
     starts: dict[str, list[dict[str, Any]]] = defaultdict(list)

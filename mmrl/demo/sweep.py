@@ -2,7 +2,8 @@
 every SFT start (`--sft-model DIR`, repeatable; default the demo's own SFT checkpoint, trained or
 reused as `mmrl demo` does). Each run writes what a demo writes under `<out>/<start>-seed<k>/`; the
 sweep writes `sweep.json` (per eval step the worst, mean and best greedy solve rate; per figure of a
-run, its spread over the runs, overall and per start; the machine) and `band.png`."""
+run, such as its end, its last eval within the time budget and that eval's gain over the start, its
+spread over the runs, overall and per start; the machine) and `band.png`."""
 
 from __future__ import annotations
 
@@ -78,10 +79,12 @@ def main(argv: list[str]) -> int:
               "command": "mmrl sweep " + " ".join(argv)}
     write_sweep(out, result, summaries, curves)
     figures = result["figures"]
-    for name in ("end_solve_rate_last3", "within_budget_solve_rate", "held_out_solve_rate"):
+    for name in ("end_solve_rate_last3", "within_budget_solve_rate", "within_budget_gain", "held_out_solve_rate"):
         if figures.get(name):
             f = figures[name]
-            print(f"{name}: worst {f['worst']:.3f}, mean {f['mean']:.3f}, best {f['best']:.3f} over {f['num']} runs")
+            print(f"{name}: worst {f['worst']:+.3f}, mean {f['mean']:+.3f}, best {f['best']:+.3f} over {f['num']} runs"
+                  if name == "within_budget_gain" else
+                  f"{name}: worst {f['worst']:.3f}, mean {f['mean']:.3f}, best {f['best']:.3f} over {f['num']} runs")
     print(f"sweep results in {out}/ (sweep.json, band.png)")
     if args.json:
         print(json.dumps(result))

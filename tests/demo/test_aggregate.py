@@ -40,6 +40,18 @@ def test_each_figure_spreads_over_the_runs_that_succeeded_overall_and_per_start(
     assert spread([]) is None
 
 
+def test_the_gain_is_the_last_eval_within_the_budget_less_the_start_of_each_run() -> None:
+    runs = [
+        {"seed": 0, "state": "succeeded", "start_solve_rate": 0.25, "within_budget_solve_rate": 0.5},
+        {"seed": 1, "state": "succeeded", "start_solve_rate": 0.25, "within_budget_solve_rate": 0.125},
+        {"seed": 2, "state": "succeeded", "start_solve_rate": 0.25},  # no eval ended within the budget
+        {"seed": 3, "state": "failed", "start_solve_rate": 0.25, "within_budget_solve_rate": 1.0},
+    ]
+    result = aggregate(runs, [_curve([0.25])] * 4)
+    assert [r["within_budget_gain"] for r in result["runs"]] == [0.25, -0.125, None, 0.75]
+    assert result["figures"]["within_budget_gain"] == {"worst": -0.125, "mean": 0.0625, "best": 0.25, "num": 2}
+
+
 def test_the_end_figure_averages_the_last_three_evals() -> None:
     assert mean_of_last([{"greedy_solve_rate": r} for r in (0.1, 0.8, 0.9, 1.0)]) == pytest.approx(0.9)
     assert mean_of_last([{"greedy_solve_rate": 0.5}]) == 0.5 and mean_of_last([]) is None
