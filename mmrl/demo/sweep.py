@@ -82,9 +82,8 @@ def main(argv: list[str]) -> int:
     for name in ("end_solve_rate_last3", "within_budget_solve_rate", "within_budget_gain", "held_out_solve_rate"):
         if figures.get(name):
             f = figures[name]
-            print(f"{name}: worst {f['worst']:+.3f}, mean {f['mean']:+.3f}, best {f['best']:+.3f} over {f['num']} runs"
-                  if name == "within_budget_gain" else
-                  f"{name}: worst {f['worst']:.3f}, mean {f['mean']:.3f}, best {f['best']:.3f} over {f['num']} runs")
+            fmt = "+.3f" if name == "within_budget_gain" else ".3f"  # a gain carries its sign
+            print(f"{name}: worst {f['worst']:{fmt}}, mean {f['mean']:{fmt}}, best {f['best']:{fmt}} over {f['num']} runs")
     print(f"sweep results in {out}/ (sweep.json, band.png)")
     if args.json:
         print(json.dumps(result))
