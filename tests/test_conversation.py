@@ -75,3 +75,59 @@ def test_a_trajectory_carries_the_record_and_only_the_images_a_turn_answered(tok
     assert traj.token_ids == tuple(conv.record_ids) and traj.loss_mask == tuple(conv.loss_mask)
     assert traj.logprobs == tuple(conv.logprobs) and traj.turn_starts == tuple(conv.turn_starts)
     assert (traj.reward, traj.adapter_version, traj.group_id) == (1.0, 3, "g")
+
+
+def _play(tokenizer, chat: ChatTokens, conv: TokenConversation, moves: list[str]) -> list[list[int]]:
+    """Plays `moves` (one frame per observation, frame-<turn>); returns each turn's expanded prompt."""
+    prompts = []
+    conv.add_system(tokenizer, "Solve the maze.")
+    for turn, move in enumerate(moves):
+        conv.add_observation(tokenizer, f"Moves left: {20 - turn}.", [f"frame-{turn}".encode()])
+        prompts.append(_engine_expand(conv, chat))
+        generated = tokenizer.encode(move, add_special_tokens=False) + [chat.im_end]
+        conv.add_generation(prompts[-1], generated, [-0.1 * (turn + 1)] * len(generated))
+    return prompts
+
+
+def test_a_window_of_one_turn_prompts_with_the_last_turn_and_trains_each_turn_once(tokenizer) -> None:
+    chat = ChatTokens.from_tokenizer(tokenizer)
+    whole, windowed = TokenConversation(chat), TokenConversation(chat, window=1)
+    moves = ["down", "left", "up"]
+    whole_prompts, prompts = _play(tokenizer, chat, whole, moves), _play(tokenizer, chat, windowed, moves)
+
+    # Turn 2's prompt: the system turn, turn 1 (frame-1 and its answer) and frame-2, without turn 0.
+    assert prompts[0] == whole_prompts[0]
+    system = chat.system_turn(tokenizer, "Solve the maze.")
+    turn0 = len(whole_prompts[1]) - len(whole_prompts[0]) + len(system)  # where turn 1 starts in the whole record
+    assert prompts[2] == system + whole_prompts[2][turn0:]
+    assert windowed.compact_ids.count(chat.image_pad) == 2 and windowed.images == [b"frame-1", b"frame-2"]
+
+    segments = windowed.segments()
+    assert [s.first_turn for s in segments] == [0, 1, 2] and windowed.num_turns == 3
+    for turn, (segment, move) in enumerate(zip(segments, moves, strict=True)):
+        trained = [t for t, m in zip(segment.record_ids, segment.loss_mask, strict=True) if m]
+        assert trained == tokenizer.encode(move, add_special_tokens=False) + [chat.im_end]
+        assert segment.turn_starts == (0,)
+        assert segment.images == tuple(f"frame-{t}".encode() for t in range(max(turn - 1, 0), turn + 1))
+    trajectories = windowed.to_trajectories("e", [list(map(float, s.loss_mask)) for s in segments], reward=1.0)
+    assert [t.trajectory_id for t in trajectories] == ["e-t0", "e-t1", "e-t2"]
+    assert {t.segments for t in trajectories} == {3}
+    for t in trajectories:
+        t.validate()
+    with pytest.raises(ValueError, match="to_trajectories"):
+        windowed.to_trajectory("e", [], reward=1.0)
+
+
+def test_a_window_of_zero_turns_prompts_with_the_current_observation_alone(tokenizer) -> None:
+    chat = ChatTokens.from_tokenizer(tokenizer)
+    conv = TokenConversation(chat, window=0)
+    prompts = _play(tokenizer, chat, conv, ["down", "left"])
+    assert prompts[1] == chat.system_turn(tokenizer, "Solve the maze.") + expand_image_placeholders(
+        chat.user_turn(tokenizer, "Moves left: 19.", 1), chat.image_pad, [25])
+    # The unwindowed conversation is one segment, the whole record.
+    whole = TokenConversation(chat)
+    _play(tokenizer, chat, whole, ["down", "left"])
+    (only,) = whole.segments()
+    assert list(only.record_ids) == whole.record_ids and only.first_turn == 0 and len(only.turn_starts) == 2
+    with pytest.raises(ValueError, match="window"):
+        TokenConversation(chat, window=-1)

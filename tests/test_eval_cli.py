@@ -132,6 +132,13 @@ def test_the_token_budget_is_the_longest_action_word_unless_given() -> None:
     assert action_token_budget(tokenizer, []) == 1  # type: ignore[arg-type]
 
 
+# What a fake `evaluate` answers: an eval summary with every key `mmrl eval` prints.
+_SUMMARY: dict[str, object] = {
+    "greedy_solve_rate": 0.5, "episodes": 2, "mean_moves_over_optimal": None, "greedy_invalid_fraction": 0.0,
+    "greedy_noop_fraction": 0.0, "greedy_failed_stuck": 0.0, "greedy_failed_cycling": 0.0,
+    "greedy_failed_other": 0.5, "sampled_solve_rate": None, "sampled_pass_rate": None}
+
+
 def test_the_system_prompt_is_the_one_the_model_trained_with_unless_given(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import json
@@ -142,10 +149,7 @@ def test_the_system_prompt_is_the_one_the_model_trained_with_unless_given(
 
     async def evaluate(*args: object, system_prompt: str, **kwargs: object) -> tuple[dict[str, object], list[object]]:
         used.append(system_prompt)
-        return {"greedy_solve_rate": 0.5, "episodes": 2, "mean_moves_over_optimal": None,
-                "greedy_invalid_fraction": 0.0, "greedy_noop_fraction": 0.0, "greedy_failed_stuck": 0.0,
-                "greedy_failed_cycling": 0.0, "greedy_failed_other": 0.5, "sampled_solve_rate": None,
-                "sampled_pass_rate": None}, []
+        return _SUMMARY, []
 
     monkeypatch.setattr(eval_cli, "evaluate", evaluate)
     services = ["--env", "127.0.0.1:1", "--rollout", "127.0.0.1:2", "--json"]
@@ -157,3 +161,39 @@ def test_the_system_prompt_is_the_one_the_model_trained_with_unless_given(
     assert used == [DEFAULT_SYSTEM_PROMPT, "You push boxes.", "Given."]
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last["system_prompt"] == "Given."
+
+
+def test_the_history_window_is_the_one_the_model_trained_with_unless_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    used: list[int | None] = []
+
+    async def evaluate(*args: object, history_window: int | None, **kwargs: object) -> tuple[dict[str, object], list[object]]:
+        used.append(history_window)
+        return _SUMMARY, []
+
+    monkeypatch.setattr(eval_cli, "evaluate", evaluate)
+    services = ["--env", "127.0.0.1:1", "--rollout", "127.0.0.1:2", "--json"]
+    (tmp_path / "config.json").write_text("{}")
+    assert eval_cli.main(["--model", str(tmp_path), *services]) == 0  # no report: the whole conversation
+    (tmp_path / "sft_report.json").write_text(json.dumps({"config": {"history_window": 0}}))
+    assert eval_cli.main(["--model", str(tmp_path), *services]) == 0
+    assert eval_cli.main(["--model", str(tmp_path), "--history-window", "2", *services]) == 0
+    assert used == [None, 0, 2]
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["history_window"] == 2
+    with pytest.raises(SystemExit, match="--history-window must be >= 0"):
+        eval_cli.main(["--model", str(tmp_path), "--history-window", "-1", *services])
+
+
+def test_a_run_whose_history_window_is_not_its_starts_is_refused(tmp_path: Path) -> None:
+    import json
+
+    eval_cli.check_history_window(tmp_path, 3)  # no SFT report: nothing to compare with
+    (tmp_path / "sft_report.json").write_text(json.dumps({"config": {"history_window": 0}}))
+    eval_cli.check_history_window(tmp_path, 0)
+    with pytest.raises(SystemExit, match="keeping 0 answered turns .* keeps the whole conversation"):
+        eval_cli.check_history_window(tmp_path, None)
+    (tmp_path / "sft_report.json").write_text(json.dumps({"config": {"system_prompt": "x"}}))
+    with pytest.raises(SystemExit, match="history_window: null"):
+        eval_cli.check_history_window(tmp_path, 1)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -33,3 +35,14 @@ def test_every_service_is_in_package_mmrl_v1() -> None:
     assert protos
     for proto in protos:
         assert "package mmrl.v1;" in proto.read_text(), proto
+
+
+def test_a_trajectory_keeps_its_segment_count_over_the_wire_and_an_old_sender_means_one() -> None:
+    from mmrl_proto.v1 import common_pb2
+    from services.common.trajectory import Trajectory
+
+    cut = Trajectory("e-t1", (1, 2), (0, 1), (0.0, -0.5), (0.0, 1.0), segments=3)
+    assert Trajectory.from_proto(cut.to_proto()).segments == 3
+    assert Trajectory.from_proto(common_pb2.Trajectory(trajectory_id="old", token_ids=[1])).segments == 1
+    with pytest.raises(ValueError, match="segments"):
+        Trajectory("e", (1, 2), (0, 1), (0.0, -0.5), (0.0, 1.0), segments=0).validate()

@@ -6,7 +6,8 @@ given).
 maze by default) and `--eval-set NAME` one of its eval sets (its default otherwise), e.g.
 `maze-held-out-256` or `sokoban-held-out-128`: tasks no training plays, outside the fixed set. The
 system turn is the one the model's SFT trained with (its sft_report.json) unless `--system-prompt`
-gives another; a model without a report gets the maze's. A
+gives another; a model without a report gets the maze's. So is its history window (how many answered
+turns each prompt keeps) unless `--history-window` gives another. A
 `--seeds A-B` range is played as it is, with `--option KEY=VALUE` and `--max-moves`: most of its tasks
 may be training tasks too."""
 
@@ -67,7 +68,7 @@ def check_batch(num_tasks: int, samples: int) -> None:
 async def evaluate(
     env_addr: str, rollout_addr: str, model: Path, *, eval_set: str = "", specs: Sequence[Any] | None = None,
     adapter: tuple[str, int, str] | None = None, samples: int = 0, temperature: float = 1.0, max_tokens: int | None = None,
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT, keep_frames: bool = False,
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT, keep_frames: bool = False, history_window: int | None = None,
 ) -> tuple[dict[str, Any], list[Any]]:
     """Greedy (and optionally sampled) evaluation of the env's eval set `eval_set` ("" = its default), or of
     `specs` (task specs: seed, max_moves, options) when given; `adapter` is (run_id, version, path) to load
@@ -94,7 +95,7 @@ async def evaluate(
               file=sys.stderr, flush=True)
         plan = EvalPlan(specs=tasks, max_tokens=max_tokens, sampled_samples=samples,
                         sampled_temperature=temperature, max_turns=max_turns,
-                        system_prompt=system_prompt)
+                        system_prompt=system_prompt, history_window=history_window)
         summary, greedy = await run_eval(services, tokenizer, ChatTokens.from_tokenizer(tokenizer), plan,
                                          run_id=run_id, adapter_version=version, seed=0, timers=Timers(),
                                          keep_frames=keep_frames)
@@ -103,14 +104,39 @@ async def evaluate(
     return summary, greedy
 
 
-def trained_system_prompt(model: Path) -> str | None:
-    """The system prompt the model's SFT trained with (its sft_report.json's config), None without one."""
+def trained_config(model: Path) -> dict[str, Any]:
+    """The config the model's SFT trained with (its sft_report.json's), {} without one."""
     try:
         report = json.loads((model / "sft_report.json").read_text())
     except (OSError, ValueError):
-        return None
-    prompt = report.get("config", {}).get("system_prompt") if isinstance(report, dict) else None
+        return {}
+    config = report.get("config") if isinstance(report, dict) else None
+    return config if isinstance(config, dict) else {}
+
+
+def trained_system_prompt(model: Path) -> str | None:
+    """The system prompt the model's SFT trained with, None without one."""
+    prompt = trained_config(model).get("system_prompt")
     return prompt if isinstance(prompt, str) and prompt else None
+
+
+def trained_history_window(model: Path) -> int | None:
+    """The history window the model's SFT trained with (None: whole conversations, or no SFT report)."""
+    window = trained_config(model).get("history_window")
+    return window if isinstance(window, int) else None
+
+
+def check_history_window(model: Path, window: int | None) -> None:
+    """Refuses a run whose prompts keep another history than its SFT start trained on."""
+    if not (model / "sft_report.json").is_file():
+        return
+    trained = trained_history_window(model)
+    if trained != window:
+        def name(w: int | None) -> str:
+            return "the whole conversation" if w is None else f"{w} answered turns"
+        raise SystemExit(f"{model} was trained on prompts keeping {name(trained)} (its sft_report.json's "
+                         f"history_window) but the run's history_window keeps {name(window)}: set "
+                         f"history_window: {trained if trained is not None else 'null'} in the run config")
 
 
 def stage_adapter(adapter_dir: Path, shared_root: Path) -> tuple[str, int, str]:
@@ -139,6 +165,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--temperature", type=float, default=1.0, help="temperature of sampled episodes")
     parser.add_argument("--system-prompt", help="the system turn of every episode (default: the one the model's "
                                                 "SFT trained with, from its sft_report.json; else the maze's)")
+    parser.add_argument("--history-window", type=int, metavar="K",
+                        help="answered turns each prompt keeps (default: the model's SFT's history_window, "
+                             "from its sft_report.json; else the whole conversation)")
     parser.add_argument("--max-tokens", type=int,
                         help="token budget of one action (default: the tokens of the env's longest action "
                              "word, as the shipped configs' sampling.max_tokens; a run's evals use its own)")
@@ -172,6 +201,9 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"--adapter {args.adapter}: {exc}") from exc
 
     system_prompt = args.system_prompt or trained_system_prompt(args.model) or DEFAULT_SYSTEM_PROMPT
+    if args.history_window is not None and args.history_window < 0:
+        raise SystemExit(f"--history-window must be >= 0 answered turns, got {args.history_window}")
+    history_window = args.history_window if args.history_window is not None else trained_history_window(args.model)
     if not args.json:
         print(f"system prompt: {system_prompt!r}", file=sys.stderr, flush=True)
     started = time.perf_counter()
@@ -187,7 +219,7 @@ def main(argv: list[str]) -> int:
             args.env or stack.address("env"), args.rollout or stack.address("rollout"), args.model,
             eval_set=args.eval_set, specs=specs, adapter=adapter,
             samples=args.samples, temperature=args.temperature, max_tokens=args.max_tokens,
-            system_prompt=system_prompt))
+            system_prompt=system_prompt, history_window=history_window))
     finally:
         stack.stop()
     result = {
@@ -199,6 +231,7 @@ def main(argv: list[str]) -> int:
         "failed": {mode: summary[f"greedy_failed_{mode}"] for mode in ("stuck", "cycling", "other")},
         "sampled_solve_rate": summary["sampled_solve_rate"], "sampled_pass_rate": summary["sampled_pass_rate"],
         "samples": args.samples, "model": str(args.model), "system_prompt": system_prompt,
+        "history_window": history_window,
         "adapter": str(args.adapter) if args.adapter else None, "wall_s": time.perf_counter() - started,
     }
     if args.json:

@@ -53,7 +53,8 @@ def run_sft(config: Any, state_dir: Path, evaluate_after: bool = True, quiet: bo
             stack.config.model = Path(config.out).resolve()
             stack.start(("rollout",), log=not quiet)
             summary, _ = asyncio.run(evaluate(stack.address("env"), stack.address("rollout"), Path(config.out),
-                                              samples=0, system_prompt=config.system_prompt))
+                                              samples=0, system_prompt=config.system_prompt,
+                                              history_window=config.history_window))
             report["eval"] = summary
             chance = asyncio.run(chance_rate(stack.address("env"))).as_dict()
             report["chance"] = chance
@@ -97,7 +98,8 @@ def validation_check(stack: Stack, config: Any) -> Callable[[Path, list[Any]], d
         try:
             summary, _ = asyncio.run(evaluate(stack.address("env"), stack.address("rollout"), model_dir,
                                               specs=tasks, samples=config.check_samples,
-                                              system_prompt=config.system_prompt))
+                                              system_prompt=config.system_prompt,
+                                              history_window=config.history_window))
         finally:
             stack.stop_service("rollout")
         return summary

@@ -47,9 +47,12 @@ def watch_or_stop(api: ApiClient, run_id: str) -> dict[str, Any]:
 @contextlib.contextmanager
 def stack_for(model: Path, config: dict[str, Any], state_dir: Path, env: str) -> Iterator[tuple[ApiClient, Path]]:
     """The stack serving `model` for runs of `config` on `env` (runs left by earlier jobs marked stopped);
-    yields its API client and shared root, and stops it after."""
+    yields its API client and shared root, and stops it after. Refused when the run's history window
+    is not the one `model`'s SFT trained with."""
+    from mmrl.cli.eval import check_history_window
     from services.learner.policy import adapts_vision, model_module_kinds
 
+    check_history_window(model, config.get("history_window"))
     tower = adapts_vision(model_module_kinds(model), config["lora"]["target_modules"])
     stack = Stack(StackConfig(model=model.resolve(), state_dir=state_dir, lora_rank=config["lora"]["rank"],
                               tower_lora=tower, resume_runs=False, env_name=env))

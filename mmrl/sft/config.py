@@ -62,6 +62,10 @@ class SftConfig(BaseModel):
         description="AdamW, warm-up and schedule (the training settings' model; lr_schedule cosine decays "
                     "over `updates`); micro_batch_size is conversations per forward/backward.")
     system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, description="System turn (must match the GRPO runs).")
+    history_window: int | None = Field(
+        None, ge=0, le=1000,
+        description="Answered turns each prompt keeps (must match the GRPO runs): None = the whole conversation, "
+                    "one training conversation per episode; k = one per turn, with the last k turns as context.")
     seed: int = Field(0, ge=0, description="Seed of the task draw, data perturbation, shuffling and dropout.")
     finetune: Literal["full", "lora"] = Field(
         "full", description="full: every weight trains. lora: a LoRA adapter (`lora`) on the frozen base, merged "

@@ -8,7 +8,8 @@ Conversations. Each is played against the env service (gRPC): the system turn, t
 + observation text and the expert action (`info["optimal_action"]`, the env's oracle). With
 `perturb_prob` > 0 a turn may instead start a detour: 1..`detour_moves` random other moves that are
 *not* trained on, so the expert's recovery from detours, dead ends and bumps is in the data. Only
-solved episodes are kept. Conversations are token ids built exactly as the coordinator builds them
+solved episodes are kept; with `history_window` set, each trained turn of one is a conversation
+of its own (the system turn, the last `history_window` turns and its observation). Conversations are token ids built exactly as the coordinator builds them
 (services.common.conversation), with image placeholders expanded to the processor's token count, so
 SFT and GRPO see identical prompts.
 """
@@ -25,7 +26,12 @@ from google.protobuf.json_format import MessageToDict
 
 from mmrl.sft.config import SftConfig
 from mmrl_proto.v1 import env_pb2, env_pb2_grpc
-from services.common.conversation import ChatTokens, TokenConversation, expand_image_placeholders
+from services.common.conversation import (
+    ChatTokens,
+    TokenConversation,
+    expand_image_placeholders,
+    segment_trajectory,
+)
 from services.common.grpc_server import sync_channel
 from services.common.task import episode_solved
 from services.common.trajectory import Trajectory
@@ -102,7 +108,7 @@ def expert_conversations(
             detour_left: dict[str, int] = {}  # random moves still to play, per episode
             returns: dict[str, float] = {}  # the sum of each episode's rewards so far
             for spec, state in zip(specs, created.episodes, strict=True):
-                conv = TokenConversation(chat)
+                conv = TokenConversation(chat, window=config.history_window)
                 conv.add_system(tokenizer, config.system_prompt)
                 states[state.episode_id] = (spec, state)
                 convs[state.episode_id] = conv
@@ -135,9 +141,11 @@ def expert_conversations(
                         del states[new_state.episode_id]
                         conv = convs[new_state.episode_id]
                         solved = episode_solved(MessageToDict(new_state.info), returns[new_state.episode_id])
-                        if solved and sum(conv.loss_mask) > 0:
-                            trajectories.append(conv.to_trajectory(
-                                f"sft-{spec.seed}", [float(m) for m in conv.loss_mask], reward=new_state.reward))
+                        trained = [seg for seg in conv.segments() if sum(seg.loss_mask) > 0]
+                        if solved and trained:  # a windowed episode: one conversation per trained turn
+                            trajectories += [segment_trajectory(
+                                seg, f"sft-{spec.seed}" if len(trained) == 1 else f"sft-{spec.seed}-t{seg.first_turn}",
+                                [float(m) for m in seg.loss_mask], reward=new_state.reward) for seg in trained]
                     else:
                         states[new_state.episode_id] = (spec, new_state)
             stub.CloseEpisodes(env_pb2.CloseEpisodesRequest(episode_ids=list(convs)), timeout=60)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ammrl_proto/v1/common.proto\x12\x07mmrl.v1\"(\n\x05Image\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x11\n\tmime_type\x18\x02 \x01(\t\"\xdf\x01\n\nTrajectory\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x11\n\tloss_mask\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x12\n\nadvantages\x18\x05 \x03(\x02\x12\x13\n\x0bturn_starts\x18\x06 \x03(\x05\x12\x1e\n\x06images\x18\x07 \x03(\x0b\x32\x0e.mmrl.v1.Image\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x08 \x01(\x03\x12\x0e\n\x06reward\x18\t \x01(\x02\x12\x10\n\x08group_id\x18\n \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ammrl_proto/v1/common.proto\x12\x07mmrl.v1\"(\n\x05Image\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x11\n\tmime_type\x18\x02 \x01(\t\"\xf1\x01\n\nTrajectory\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x11\n\tloss_mask\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x12\n\nadvantages\x18\x05 \x03(\x02\x12\x13\n\x0bturn_starts\x18\x06 \x03(\x05\x12\x1e\n\x06images\x18\x07 \x03(\x0b\x32\x0e.mmrl.v1.Image\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x08 \x01(\x03\x12\x0e\n\x06reward\x18\t \x01(\x02\x12\x10\n\x08group_id\x18\n \x01(\t\x12\x10\n\x08segments\x18\x0b \x01(\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,5 +34,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_IMAGE']._serialized_start=39
   _globals['_IMAGE']._serialized_end=79
   _globals['_TRAJECTORY']._serialized_start=82
-  _globals['_TRAJECTORY']._serialized_end=305
+  _globals['_TRAJECTORY']._serialized_end=323
 # @@protoc_insertion_point(module_scope)

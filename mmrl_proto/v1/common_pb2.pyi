@@ -15,7 +15,7 @@ class Image(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., mime_type: _Optional[str] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("trajectory_id", "token_ids", "loss_mask", "logprobs", "advantages", "turn_starts", "images", "adapter_version", "reward", "group_id")
+    __slots__ = ("trajectory_id", "token_ids", "loss_mask", "logprobs", "advantages", "turn_starts", "images", "adapter_version", "reward", "group_id", "segments")
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class Trajectory(_message.Message):
     ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     loss_mask: _containers.RepeatedScalarFieldContainer[int]
@@ -36,4 +37,5 @@ class Trajectory(_message.Message):
     adapter_version: int
     reward: float
     group_id: str
-    def __init__(self, trajectory_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., advantages: _Optional[_Iterable[float]] = ..., turn_starts: _Optional[_Iterable[int]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., adapter_version: _Optional[int] = ..., reward: _Optional[float] = ..., group_id: _Optional[str] = ...) -> None: ...
+    segments: int
+    def __init__(self, trajectory_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., advantages: _Optional[_Iterable[float]] = ..., turn_starts: _Optional[_Iterable[int]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., adapter_version: _Optional[int] = ..., reward: _Optional[float] = ..., group_id: _Optional[str] = ..., segments: _Optional[int] = ...) -> None: ...

@@ -15,6 +15,12 @@ Two views are kept:
 
 Each turn the engine's expanded prompt must extend the previous record unchanged; a mismatch
 raises, because re-tokenised or re-expanded history silently breaks RL.
+
+A *windowed* conversation (`window=k`) shows the engine only the system turn, the last k answered
+turns and the current observation: every turn starts a new prompt, and so a new record, a
+*segment*. Each segment trains on its last turn's generated tokens only (the k context turns were
+trained on in their own segments), so an episode of T turns is T trajectories; `window=0` makes
+each decision depend on the current observation alone.
 """
 
 from __future__ import annotations
@@ -113,28 +119,74 @@ def expand_image_placeholders(compact: list[int], image_pad: int, tokens_per_ima
     return out
 
 
+@dataclass(frozen=True)
+class Segment:
+    """One record the engine saw as a single prompt and continuation: the whole conversation, or
+    one turn of a windowed one. `first_turn` is the episode's index of its first trained turn."""
+
+    record_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    turn_starts: tuple[int, ...]
+    images: tuple[bytes, ...]
+    first_turn: int
+
+
 @dataclass
 class TokenConversation:
     """One episode's conversation. Call `add_observation`, send `compact_ids` + `images` to the
-    engine, then `add_generation` with what it returned; repeat."""
+    engine, then `add_generation` with what it returned; repeat. With `window` set, the prompt
+    keeps the last `window` answered turns only (module docstring)."""
 
     chat: ChatTokens
+    window: int | None = None
     compact_ids: list[int] = field(default_factory=list)
     images: list[bytes] = field(default_factory=list)
     record_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turn_starts: list[int] = field(default_factory=list)
+    # The current segment's fields above; the closed segments, the system turn's ids and, per
+    # answered turn, its (observation ids, images, answer ids) for later windows.
+    closed: list[Segment] = field(default_factory=list)
+    system_ids: list[int] = field(default_factory=list)
+    answered: list[tuple[list[int], list[bytes], list[int]]] = field(default_factory=list)
+    _pending: tuple[list[int], list[bytes]] = field(default_factory=lambda: ([], []), init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.window is not None and self.window < 0:
+            raise ValueError(f"window must be >= 0 answered turns, got {self.window}")
 
     def add_system(self, tokenizer: Tokenizer, text: str) -> None:
         assert not self.compact_ids, "the system turn comes first"
         ids = self.chat.system_turn(tokenizer, text)
         self.compact_ids += ids
+        self.system_ids = list(ids)
 
     def add_observation(self, tokenizer: Tokenizer, text: str, images: list[bytes]) -> None:
+        if self.window is not None and self.turn_starts:
+            self._start_segment()
         ids = self.chat.user_turn(tokenizer, text, len(images))
         self.compact_ids += ids
         self.images += images
+        self._pending = (ids, list(images))
+
+    def _start_segment(self) -> None:
+        """Closes the current segment and opens the next prompt: system turn and the last `window`
+        answered turns."""
+        self.closed.append(self._segment())
+        kept = self.answered[len(self.answered) - self.window:] if self.window else []
+        self.compact_ids = list(self.system_ids)
+        self.images = []
+        for observation, images, answer in kept:
+            self.compact_ids += observation + answer
+            self.images += images
+        self.record_ids, self.loss_mask, self.logprobs, self.turn_starts = [], [], [], []
+
+    def _segment(self) -> Segment:
+        return Segment(tuple(self.record_ids), tuple(self.loss_mask), tuple(self.logprobs),
+                       tuple(self.turn_starts), tuple(self.images[: self.num_recorded_images]),
+                       first_turn=len(self.answered) - len(self.turn_starts))
 
     def add_generation(
         self, expanded_prompt: list[int], generated: list[int], generated_logprobs: list[float],
@@ -159,10 +211,16 @@ class TokenConversation:
         self.loss_mask += [0] * len(closing)
         self.logprobs += [0.0] * len(closing)
         self.compact_ids += list(generated) + closing
+        self.answered.append((*self._pending, list(generated) + closing))
 
     @property
     def num_turns(self) -> int:
-        return len(self.turn_starts)
+        return len(self.answered)
+
+    def segments(self) -> list[Segment]:
+        """Every record the engine saw, in order: one for an unwindowed conversation, one per turn
+        for a windowed one (a last observation no turn answered adds none)."""
+        return [*self.closed, self._segment()] if self.turn_starts else list(self.closed)
 
     @property
     def num_recorded_images(self) -> int:
@@ -171,11 +229,34 @@ class TokenConversation:
 
     def to_trajectory(self, trajectory_id: str, advantages: Sequence[float], *, reward: float,
                       adapter_version: int = 0, group_id: str = "") -> Trajectory:
-        """The record as a learner trajectory, with one advantage per record token. Its images are
-        those whose placeholders are in the record: a last observation no turn answered is left out."""
-        return Trajectory(
-            trajectory_id=trajectory_id, token_ids=tuple(self.record_ids), loss_mask=tuple(self.loss_mask),
-            logprobs=tuple(self.logprobs), advantages=tuple(advantages), turn_starts=tuple(self.turn_starts),
-            images=tuple(self.images[: self.num_recorded_images]), adapter_version=adapter_version,
-            reward=reward, group_id=group_id,
-        )
+        """The record of an unwindowed conversation as a learner trajectory, with one advantage per
+        record token. Its images are those whose placeholders are in the record: a last observation
+        no turn answered is left out."""
+        if self.closed:
+            raise ValueError("a windowed conversation is several records: use to_trajectories")
+        return segment_trajectory(self._segment(), trajectory_id, advantages, reward=reward,
+                                  adapter_version=adapter_version, group_id=group_id)
+
+    def to_trajectories(self, trajectory_id: str, advantages: Sequence[Sequence[float]], *, reward: float,
+                        adapter_version: int = 0, group_id: str = "") -> list[Trajectory]:
+        """One trajectory per segment (`advantages`: per segment, one per record token), ids
+        `<trajectory_id>` for a single segment and `<trajectory_id>-t<turn>` for a windowed
+        conversation's; every one records how many segments the episode has (the learner weighs
+        them so that the episode counts once)."""
+        segments = self.segments()
+        if len(advantages) != len(segments):
+            raise ValueError(f"{len(segments)} segments but {len(advantages)} advantage lists")
+        return [segment_trajectory(seg, trajectory_id if self.window is None else f"{trajectory_id}-t{seg.first_turn}",
+                                   adv, reward=reward, adapter_version=adapter_version, group_id=group_id,
+                                   segments=len(segments))
+                for seg, adv in zip(segments, advantages, strict=True)]
+
+
+def segment_trajectory(segment: Segment, trajectory_id: str, advantages: Sequence[float], *, reward: float,
+                       adapter_version: int = 0, group_id: str = "", segments: int = 1) -> Trajectory:
+    return Trajectory(
+        trajectory_id=trajectory_id, token_ids=segment.record_ids, loss_mask=segment.loss_mask,
+        logprobs=segment.logprobs, advantages=tuple(advantages), turn_starts=segment.turn_starts,
+        images=segment.images, adapter_version=adapter_version, reward=reward, group_id=group_id,
+        segments=segments,
+    )

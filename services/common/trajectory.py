@@ -25,6 +25,8 @@ class Trajectory:
     adapter_version: int = 0
     reward: float = 0.0
     group_id: str = ""
+    segments: int = 1
+    """How many trajectories the episode was cut into (a windowed conversation: one per turn)."""
     image_mime_type: str = field(default="image/png")
 
     def validate(self) -> None:
@@ -40,6 +42,8 @@ class Trajectory:
                 )
         if any(m not in (0, 1) for m in self.loss_mask):
             raise ValueError(f"trajectory {self.trajectory_id!r}: loss_mask must be 0 or 1")
+        if self.segments < 1:
+            raise ValueError(f"trajectory {self.trajectory_id!r}: segments must be >= 1, got {self.segments}")
         if any(not 0 <= s < n for s in self.turn_starts):
             raise ValueError(f"trajectory {self.trajectory_id!r}: turn_starts outside token_ids")
 
@@ -61,6 +65,7 @@ class Trajectory:
             adapter_version=self.adapter_version,
             reward=self.reward,
             group_id=self.group_id,
+            segments=self.segments,
         )
 
     @classmethod
@@ -76,5 +81,6 @@ class Trajectory:
             adapter_version=msg.adapter_version,
             reward=msg.reward,
             group_id=msg.group_id,
+            segments=max(msg.segments, 1),
             image_mime_type=msg.images[0].mime_type if msg.images else "image/png",
         )

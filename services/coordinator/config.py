@@ -198,6 +198,12 @@ class RunConfig(_Strict):
     checkpoint_interval: int = Field(5, ge=1, description="Steps between learner checkpoints.")
     max_turns: int = Field(0, ge=0, description="Turn cap per episode (0 = env.max_moves).")
     system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, description="System turn of every conversation.")
+    history_window: int | None = Field(
+        None, ge=0, le=1000,
+        description="Answered turns each prompt keeps: None = the whole conversation; k = the system turn, "
+                    "the last k turns and the current observation, each turn then a trajectory of its own "
+                    "(services/common/conversation.py); 0 = the current observation alone. Must match the "
+                    "SFT start's `history_window`.")
     colocated: bool = Field(
         False, description="Sleep the rollout engine during training (vLLM sleep mode; GPU only)."
     )

@@ -59,6 +59,7 @@ class PreparedTrajectory:
     pixel_values: torch.Tensor | None  # [num_patches, patch_dim]
     image_grid_thw: torch.Tensor | None  # [num_images, 3] long
     weight: float = 1.0
+    share: float = 1.0  # the trajectory's part of its episode: 1 / segments (sequence_mean's weight)
     image_keys: tuple[bytes, ...] = ()  # one content digest per image (`FrameProcessor.keyed`)
     allowed: torch.Tensor | None = None  # [T, A] long: constrained actions' allowed tokens per position, -1 pad
 
@@ -93,6 +94,7 @@ class PolicyBatch:
     rollout_logprobs: torch.Tensor  # [B, K] float
     advantages: torch.Tensor  # [B, K] float
     weights: torch.Tensor  # [B] float: 1 for real trajectories, 0 for padding copies
+    shares: torch.Tensor | None = None  # [B] float: each trajectory's part of its episode (1 / segments)
     image_keys: list[bytes] = field(default_factory=list)  # one content digest per image, in order
     allowed: torch.Tensor | None = None  # [B, K, A] long: the tokens a constrained action allowed there, -1 pad
     image_features: Any = None  # the vision tower's outputs for these images (services/learner/image_features.py)
@@ -244,6 +246,7 @@ def prepare_trajectory(traj: Trajectory, spec: ModelSpec, frames: FrameProcessor
         pixel_values=pixel_values,
         image_grid_thw=grid,
         image_keys=keys,
+        share=1.0 / traj.segments,
     )
 
 
@@ -329,6 +332,7 @@ def collate(items: Sequence[PreparedTrajectory], pad_token_id: int, image_token_
         rollout_logprobs=full_logprobs[:, target_cols],
         advantages=full_advantages[:, target_cols],
         weights=torch.tensor([item.weight for item in items]),
+        shares=torch.tensor([item.share for item in items]),
         image_keys=[key for item in items for key in item.image_keys],
         allowed=allowed,
     )

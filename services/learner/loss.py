@@ -64,14 +64,18 @@ def truncated_is_weights(
 
 
 def aggregation_weights(
-    mask: torch.Tensor, mode: LossAggregation, num_tokens: int, num_sequences: int
+    mask: torch.Tensor, mode: LossAggregation, num_tokens: int, num_sequences: float,
+    shares: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token weights w such that sum(w * L) is the batch loss, given whole-batch counts:
 
         token_mean:    w_bt = m_bt / N                    N = generated tokens in the whole batch
-        sequence_mean: w_bt = m_bt / (n_b * S)            n_b = generated tokens of trajectory b,
-                                                          S = trajectories with n_b > 0
+        sequence_mean: w_bt = m_bt * s_b / (n_b * S)      n_b = generated tokens of trajectory b,
+                                                          s_b = its share of its episode,
+                                                          S = the shares summed (episodes)
 
+    A trajectory's share is 1 / segments: an episode cut into T trajectories (a windowed
+    conversation) counts once, like one trajectory of the whole episode; `shares` None = all 1.
     `mask` is [B, K] (0/1, float); `num_tokens` / `num_sequences` count the whole batch across
     micro-batches and ranks. Returns [B, K] (zeros for a count of 0).
     """
@@ -79,7 +83,8 @@ def aggregation_weights(
         return mask / max(num_tokens, 1)
     if mode == "sequence_mean":
         per_sequence = mask.sum(dim=1, keepdim=True).clamp(min=1.0)
-        return mask / (per_sequence * max(num_sequences, 1))
+        share = 1.0 if shares is None else shares.to(mask)[:, None]
+        return mask * share / (per_sequence * (num_sequences if num_sequences > 0 else 1.0))
     raise ValueError(f"unknown loss aggregation {mode!r}")
 
 

@@ -55,6 +55,7 @@ class BatchTotals:
     num_trajectories: int
     num_generated_tokens: int
     num_tokens: int
+    num_episodes: float  # the trajectories' shares summed: episodes, a windowed one counted once
 
     @classmethod
     def of(cls, items: Sequence[PreparedTrajectory]) -> BatchTotals:
@@ -63,6 +64,7 @@ class BatchTotals:
             num_trajectories=len(real),
             num_generated_tokens=sum(item.num_generated for item in real),
             num_tokens=sum(item.num_tokens for item in real),
+            num_episodes=sum(item.share for item in real),
         )
 
 
@@ -179,7 +181,7 @@ def _accumulate_gradients(
             entropy_coef=config.loss.entropy_coef,
         )
         weights = aggregation_weights(
-            mask, config.loss.loss_agg, totals.num_generated_tokens, totals.num_trajectories
+            mask, config.loss.loss_agg, totals.num_generated_tokens, totals.num_episodes, batch.shares
         )
         loss = (weights * terms.total).sum()
         (loss * ctx.world_size).backward()

@@ -14,7 +14,7 @@ from services.coordinator.grpo import credit, trajectories
 from services.coordinator.grpo.advantages import noop_turns
 from services.coordinator.grpo.episodes import EpisodeResult, invalid_fraction, observation_key
 from services.coordinator.ops.wire import TaskSpec
-from tests.coordinator.chat import CHAT
+from tests.coordinator.chat import CHAT, CharTokenizer
 
 
 def _episode(states: list[bytes], reward: float | list[float], invalid: list[bool] | None = None) -> EpisodeResult:
@@ -83,6 +83,28 @@ def test_trajectories_carry_each_turns_advantage_on_its_generated_tokens() -> No
         generated = [a for a, m in zip(trajectory.advantages, trajectory.loss_mask, strict=True) if m]
         assert generated == pytest.approx(turns)
         assert all(a == 0.0 for a, m in zip(trajectory.advantages, trajectory.loss_mask, strict=True) if not m)
+
+
+def test_a_windowed_episode_is_one_trajectory_per_turn_each_with_its_turns_advantage() -> None:
+    def windowed(states: list[bytes], reward: float) -> EpisodeResult:
+        conv = TokenConversation(CHAT, window=0)
+        for frame in states:
+            conv.add_observation(CharTokenizer(), "go", [frame])
+            conv.add_generation(list(conv.compact_ids), [10], [-0.5])
+        whole = _episode(states, reward)
+        whole.conversation = conv
+        return whole
+
+    group = [windowed([b"A", b"B"], 1.0), windowed([b"A", b"A", b"B"], 0.0)]
+    settings = _grpo(discount=0.5, credit="gigpo", step_advantage_weight=1.0)
+    built = trajectories.to_trajectories([group], settings, step=3)
+    expected = [a for turns in credit.turn_advantages(group, settings) for a in turns]
+    assert [t.trajectory_id for t in built] == ["s3-g0-e0-t0", "s3-g0-e0-t1", "s3-g0-e1-t0", "s3-g0-e1-t1",
+                                                "s3-g0-e1-t2"]
+    assert [t.segments for t in built] == [2, 2, 3, 3, 3]
+    assert [t.images for t in built] == [(b"A",), (b"B",), (b"A",), (b"A",), (b"B",)]
+    for trajectory, advantage in zip(built, expected, strict=True):
+        assert [a for a, m in zip(trajectory.advantages, trajectory.loss_mask, strict=True) if m] == [advantage]
 
 
 def test_noop_turns_are_the_turns_after_which_the_observation_repeats() -> None:

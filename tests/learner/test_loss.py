@@ -82,6 +82,22 @@ def test_token_mean_and_sequence_mean_weights_match_hand_computed_values() -> No
     torch.testing.assert_close(sequence, expected)
 
 
+def test_sequence_mean_counts_an_episode_cut_into_one_trajectory_per_turn_once() -> None:
+    # Episode A (three one-token turns) whole in row 0, episode B in row 1; then A as three rows of share 1/3.
+    per_turn = torch.tensor([0.3, -1.2, 2.0], dtype=torch.float64)
+    whole_mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
+    whole_loss = torch.tensor([[0.3, -1.2, 2.0], [0.7, 0.0, 0.0]], dtype=torch.float64)
+    whole = (aggregation_weights(whole_mask, "sequence_mean", 4, 2) * whole_loss).sum()
+    cut_mask = torch.ones(4, 1, dtype=torch.float64)
+    cut_loss = torch.cat([per_turn, torch.tensor([0.7], dtype=torch.float64)])[:, None]
+    shares = torch.tensor([1 / 3, 1 / 3, 1 / 3, 1.0])
+    cut = (aggregation_weights(cut_mask, "sequence_mean", 4, float(shares.sum()), shares) * cut_loss).sum()
+    torch.testing.assert_close(cut, whole)
+    # Without the shares each turn would count as an episode: a different loss.
+    unshared = (aggregation_weights(cut_mask, "sequence_mean", 4, 4) * cut_loss).sum()
+    assert not torch.isclose(unshared, whole)
+
+
 @pytest.mark.parametrize("mode", ["token_mean", "sequence_mean"])
 def test_weights_from_whole_batch_counts_make_split_batches_sum_to_the_whole_batch_loss(mode: str) -> None:
     torch.manual_seed(0)

@@ -118,15 +118,17 @@ def _sampling_params(sampling: Sampling, seed: int, stop_ids: list[int]) -> Samp
 
 @dataclass(frozen=True)
 class Prompting:
-    """How conversations are written: the tokenizer, the chat template's tokens and the system turn."""
+    """How conversations are written: the tokenizer, the chat template's tokens, the system turn and
+    the history window (None: the whole conversation; k: the last k answered turns)."""
 
     tokenizer: Tokenizer
     chat: ChatTokens
     system_prompt: str
+    history_window: int | None = None
 
     def open_conversation(self, state: EpisodeState) -> TokenConversation:
         """A new episode's conversation: the system turn (if any) and its first observation."""
-        conv = TokenConversation(self.chat)
+        conv = TokenConversation(self.chat, window=self.history_window)
         if self.system_prompt:
             conv.add_system(self.tokenizer, self.system_prompt)
         conv.add_observation(self.tokenizer, state.text, state.images)

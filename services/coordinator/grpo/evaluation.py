@@ -35,6 +35,7 @@ class EvalPlan:
     max_turns: int
     system_prompt: str
     allowed: tuple[tuple[int, ...], ...] = ()  # the run's constrained actions, if any
+    history_window: int | None = None  # answered turns each prompt keeps (None: all)
 
 
 def eval_turn_limit(specs: list[TaskSpec], default: int) -> int:
@@ -110,7 +111,7 @@ async def run_eval(
     adapter_version: int, seed: int, timers: Timers, keep_frames: bool = False,
 ) -> tuple[dict[str, Any], list[EpisodeResult]]:
     """Plays the greedy and sampled evaluations concurrently; returns (summary, greedy episodes)."""
-    prompting = Prompting(tokenizer, chat, plan.system_prompt)
+    prompting = Prompting(tokenizer, chat, plan.system_prompt, plan.history_window)
     policy = Policy(run_id, adapter_version)
     calls = [play_episodes(services, prompting, policy, PlayPlan(
         plan.specs, samples_per_spec=1, sampling=Sampling(0.0, 1.0, plan.max_tokens, plan.allowed), max_turns=plan.max_turns,

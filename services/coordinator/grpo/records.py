@@ -31,10 +31,12 @@ def end_reason(episode: EpisodeResult) -> str:
 
 def action_logprobs(episode: EpisodeResult) -> list[list[float]]:
     """Per turn, the engine's log-prob of every token of the action it generated."""
-    conv = episode.conversation
-    bounds = [*conv.turn_starts, len(conv.record_ids)]
-    return [[lp for lp, mask in zip(conv.logprobs[start:end], conv.loss_mask[start:end], strict=True) if mask]
-            for start, end in zip(bounds, bounds[1:], strict=False)]
+    out = []
+    for seg in episode.conversation.segments():
+        bounds = [*seg.turn_starts, len(seg.record_ids)]
+        out += [[lp for lp, mask in zip(seg.logprobs[start:end], seg.loss_mask[start:end], strict=True) if mask]
+                for start, end in zip(bounds, bounds[1:], strict=False)]
+    return out
 
 
 def frame_turns(episode: EpisodeResult) -> list[int]:
@@ -66,7 +68,7 @@ def episode_record(episode: EpisodeResult, *, step: int, kind: str, frames: list
         "group": episode.group_index, "reward": episode.reward, "solved": episode.solved,
         "moves": episode.info.get("moves"), "optimal_moves": episode.info.get("optimal_moves"),
         "actions": episode.actions, "adapter_version": episode.adapter_version,
-        "num_tokens": len(episode.conversation.record_ids), "frames": frames or [],
+        "num_tokens": sum(len(seg.record_ids) for seg in episode.conversation.segments()), "frames": frames or [],
         "frame_turns": frame_turns(episode) if frames else [],
         "logprobs": action_logprobs(episode), "invalid_turns": list(episode.invalid_turns),
         "end": end_reason(episode),

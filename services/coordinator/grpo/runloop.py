@@ -189,7 +189,7 @@ async def start_or_resume(ctx: RunContext) -> Start:
                     sampled_samples=cfg.eval.sampled_samples,
                     sampled_temperature=cfg.eval.sampled_temperature,
                     max_turns=eval_turn_limit(eval_specs, cfg.env.max_moves),
-                    system_prompt=cfg.system_prompt, allowed=allowed)
+                    system_prompt=cfg.system_prompt, history_window=cfg.history_window, allowed=allowed)
     if start_step == 0 and 0 not in {int(e["step"]) for e in await store.evals(run_id)}:
         await evaluate(ctx, plan, step=0, adapter_version=adapter_version, timers=Timers())
     return Start(step=start_step, adapter_version=adapter_version, plan=plan)
@@ -286,7 +286,7 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
     passed_over: list[list[EpisodeResult]] = []
     dropped: list[list[EpisodeResult]] = []
     num_played = 0
-    prompting = Prompting(ctx.tokenizer, ctx.chat, cfg.system_prompt)
+    prompting = Prompting(ctx.tokenizer, ctx.chat, cfg.system_prompt, cfg.history_window)
     rounds = strategy.rounds(cfg.grpo)
     for round_index in range(rounds):
         needed = wanted - len(groups)

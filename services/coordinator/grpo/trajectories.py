@@ -17,13 +17,20 @@ def noop_fraction(episodes: list[EpisodeResult]) -> float:
 
 
 def to_trajectories(groups: list[list[EpisodeResult]], settings: CreditSettings, step: int) -> list[Trajectory]:
+    """The learner's batch: one trajectory per episode, or per turn where the run's conversations
+    are windowed (`history_window`), each turn's advantage on that turn's generated tokens."""
     trajectories = []
     for g, group in enumerate(groups):
         for k, (episode, turns) in enumerate(zip(group, turn_advantages(group, settings), strict=True)):
             conv = episode.conversation
-            trajectories.append(conv.to_trajectory(
-                f"s{step}-g{g}-e{k}", per_turn_token_advantages(turns, conv.loss_mask, conv.turn_starts),
-                reward=episode.reward, adapter_version=episode.adapter_version, group_id=f"s{step}-g{g}",
-            ))
+            advantages = [
+                per_turn_token_advantages(turns[seg.first_turn: seg.first_turn + len(seg.turn_starts)],
+                                          seg.loss_mask, seg.turn_starts)
+                for seg in conv.segments()
+            ]
+            trajectories += conv.to_trajectories(
+                f"s{step}-g{g}-e{k}", advantages, reward=episode.reward,
+                adapter_version=episode.adapter_version, group_id=f"s{step}-g{g}",
+            )
     return trajectories
 
