@@ -219,6 +219,22 @@ def test_async_rollout_samples_the_next_step_with_the_version_before(stack: Stac
     assert [e["step"] for e in evals] == [0, 4]
 
 
+def test_a_windowed_run_trains_one_trajectory_per_turn_on_what_the_engine_sampled(
+        stack: Stack, tiny_model_dir: Path) -> None:
+    api = stack.client()
+    run_id = api.start(_config(tiny_model_dir, steps=2, history_window=1))["id"]
+    run = _wait(api, run_id, lambda r: r["state"] == "succeeded")
+    assert run["step"] == 2
+    metrics = api.request("GET", f"/v1/runs/{run_id}/metrics")["metrics"]
+    episodes = api.request("GET", f"/v1/runs/{run_id}/episodes", params={"kind": "train"})["episodes"]
+    for step, m in enumerate(metrics, start=1):
+        turns = [len(e["actions"]) for e in episodes if e["step"] == step]
+        assert len(turns) == 4 and m["train/num_trajectories"] == sum(turns) > 4
+        # The learner scores each turn's prompt (system, last turn, observation) as the engine did.
+        assert m["train/logprob_abs_diff_vs_rollout"] < 1e-4
+    assert all(len(e["logprobs"]) == len(e["actions"]) for e in episodes)
+
+
 def test_a_coordinator_killed_mid_run_resumes_and_counts_each_step_once(stack: Stack, tiny_model_dir: Path) -> None:
     api = stack.client()
     run_id = api.start(_config(tiny_model_dir, steps=5, checkpoint_interval=2))["id"]
