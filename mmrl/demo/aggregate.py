@@ -94,3 +94,15 @@ def write_sweep(out: Path, result: dict[str, Any], summaries: list[dict[str, Any
     if result["num_succeeded"]:
         plot_band(result, [c for c, s in zip(curves, summaries, strict=True) if s.get("state") == "succeeded"],
                   out / "band.png", f"GRPO sweep ({result['env']}): {result['num_succeeded']} runs")
+
+
+def figure_lines(figures: dict[str, Any]) -> list[str]:
+    """A sweep's headline figures, a line each: worst, mean and best over its runs."""
+    lines = []
+    for name in ("end_solve_rate_last3", "within_budget_solve_rate", "within_budget_gain", "held_out_solve_rate"):
+        if figures.get(name):
+            f = figures[name]
+            fmt = "+.3f" if name == "within_budget_gain" else ".3f"  # a gain carries its sign
+            lines.append(f"{name}: worst {f['worst']:{fmt}}, mean {f['mean']:{fmt}}, best {f['best']:{fmt}} "
+                         f"over {f['num']} runs")
+    return lines

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mmrl.demo.aggregate import aggregate, write_sweep
+from mmrl.demo.aggregate import aggregate, figure_lines, write_sweep
 from services.common.config_files import flatten_settings
 from services.common.user_errors import UsageError
 from services.coordinator.config import RunConfig
@@ -145,10 +145,8 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     write_sweep(args.out, result, summaries, curves)
     for start, figures in result["by_start"].items():
-        end = figures.get("end_solve_rate_last3")
-        if end:
-            print(f"{Path(start).name}: end (last 3) worst {end['worst']:.3f}, mean {end['mean']:.3f}, "
-                  f"best {end['best']:.3f} over {end['num']} runs")
+        for line in figure_lines(figures):
+            print(f"{Path(start).name} {line}")
     print(f"{result['num_runs']} runs from {len(args.sweeps)} sweeps merged into {args.out}/ (sweep.json, band.png)")
     if args.json:
         print(json.dumps(result))

@@ -15,7 +15,7 @@ from typing import Any
 from mmrl.cli.demo import add_common_options, resolve_common
 from mmrl.cli.run import load_config_dict
 from mmrl.cli.up import ensure_tiny_model
-from mmrl.demo.aggregate import aggregate, write_sweep
+from mmrl.demo.aggregate import aggregate, figure_lines, write_sweep
 from mmrl.demo.grpo import print_summary, run_grpo, stack_for
 from mmrl.demo.starts import from_scratch, sft_checkpoint
 from mmrl.report.machine import machine_info
@@ -78,12 +78,8 @@ def main(argv: list[str]) -> int:
               "budget_min": args.budget_min, "machine": machine,
               "command": "mmrl sweep " + " ".join(argv)}
     write_sweep(out, result, summaries, curves)
-    figures = result["figures"]
-    for name in ("end_solve_rate_last3", "within_budget_solve_rate", "within_budget_gain", "held_out_solve_rate"):
-        if figures.get(name):
-            f = figures[name]
-            fmt = "+.3f" if name == "within_budget_gain" else ".3f"  # a gain carries its sign
-            print(f"{name}: worst {f['worst']:{fmt}}, mean {f['mean']:{fmt}}, best {f['best']:{fmt}} over {f['num']} runs")
+    for line in figure_lines(result["figures"]):
+        print(line)
     print(f"sweep results in {out}/ (sweep.json, band.png)")
     if args.json:
         print(json.dumps(result))

@@ -58,7 +58,7 @@ def test_two_starts_merge_into_one_distribution_with_each_start_beside_it(tmp_pa
     assert result["by_start"]["/x/sft-maze-u700"]["end_solve_rate_last3"]["mean"] == pytest.approx(0.9)
     assert result["band"][1] == {"step": 10, "worst": 0.6, "mean": pytest.approx(0.75), "best": 0.9, "num": 4}
     assert result["command"].startswith("mmrl sweep --seeds 0,1 ; mmrl sweep --sft-model /x/u700 ; mmrl sweep merge")
-    assert "sft-maze-u700: end (last 3) worst 0.900" in capsys.readouterr().out
+    assert "sft-maze-u700 end_solve_rate_last3: worst 0.900" in capsys.readouterr().out
     table = by_start_table(result)
     assert table[-2].startswith("| `sft-maze` | 0.500 / 0.500 / 0.500 (2 runs) | 0.700 / 0.700 / 0.700 (2 runs)")
     assert "| `sft-maze-u700` |" in "\n".join(sweep_section(result, "band.png"))
