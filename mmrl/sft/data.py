@@ -9,9 +9,9 @@ Conversations. Each is played against the env service (gRPC): the system turn, t
 `perturb_prob` > 0 a turn may instead start a detour: 1..`detour_moves` random other moves that are
 *not* trained on, so the expert's recovery from detours, dead ends and bumps is in the data. Only
 solved episodes are kept; with `history_window` set, each trained turn of one is a conversation
-of its own (the system turn, the last `history_window` turns and its observation). Conversations are token ids built exactly as the coordinator builds them
-(services.common.conversation), with image placeholders expanded to the processor's token count, so
-SFT and GRPO see identical prompts.
+of its own (the system turn, the last `history_window` turns and its observation). Conversations
+are token ids built exactly as the coordinator builds them (services.common.conversation), with
+image placeholders expanded to the processor's token count, so SFT and GRPO see identical prompts.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def expert_conversations(
                         trained = [seg for seg in conv.segments() if sum(seg.loss_mask) > 0]
                         if solved and trained:  # a windowed episode: one conversation per trained turn
                             trajectories += [segment_trajectory(
-                                seg, f"sft-{spec.seed}" if len(trained) == 1 else f"sft-{spec.seed}-t{seg.first_turn}",
+                                seg, f"sft-{spec.seed}" if conv.window is None else f"sft-{spec.seed}-t{seg.first_turn}",
                                 [float(m) for m in seg.loss_mask], reward=new_state.reward) for seg in trained]
                     else:
                         states[new_state.episode_id] = (spec, new_state)

@@ -175,7 +175,7 @@ class TokenConversation:
         """Closes the current segment and opens the next prompt: system turn and the last `window`
         answered turns."""
         self.closed.append(self._segment())
-        kept = self.answered[len(self.answered) - self.window:] if self.window else []
+        kept = self.answered[-self.window:] if self.window else []
         self.compact_ids = list(self.system_ids)
         self.images = []
         for observation, images, answer in kept:
@@ -254,6 +254,7 @@ class TokenConversation:
 
 def segment_trajectory(segment: Segment, trajectory_id: str, advantages: Sequence[float], *, reward: float,
                        adapter_version: int = 0, group_id: str = "", segments: int = 1) -> Trajectory:
+    """A segment as a learner trajectory, one of `segments` of its episode."""
     return Trajectory(
         trajectory_id=trajectory_id, token_ids=segment.record_ids, loss_mask=segment.loss_mask,
         logprobs=segment.logprobs, advantages=tuple(advantages), turn_starts=segment.turn_starts,

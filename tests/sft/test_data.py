@@ -52,6 +52,23 @@ def test_the_expert_solves_every_training_maze_and_trains_on_its_moves_only(tiny
     assert trained <= {"up", "down", "left", "right", "<|im_end|>"}
 
 
+def test_a_windowed_expert_is_one_conversation_per_trained_move_with_its_frame_alone(tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    whole = play_expert(SftConfig(**MAZE, num_tasks=8, perturb_prob=0.0), tokenizer)
+    windowed = play_expert(SftConfig(**MAZE, num_tasks=8, perturb_prob=0.0, history_window=0), tokenizer)
+    moves = [sum(t.loss_mask) // 2 for t in whole]  # a move and <|im_end|> a turn
+    assert len(windowed) == sum(moves) > len(whole)
+    assert all(len(t.images) == 1 and sum(t.loss_mask) == 2 for t in windowed)
+    assert [t.trajectory_id for t in windowed[: moves[0]]] == [f"{whole[0].trajectory_id}-t{k}" for k in range(moves[0])]
+
+    def trained(batch: list[Any]) -> list[int]:
+        return [i for t in batch for i, m in zip(t.token_ids, t.loss_mask, strict=True) if m]
+
+    assert trained(windowed) == trained(whole)  # the same moves, in the same order
+
+
 def _untrained_runs(config: SftConfig, tokenizer_dir: Path) -> list[int]:
     """Lengths of the runs of consecutive untrained (detour) turns in the expert's data."""
     from transformers import AutoTokenizer
