@@ -26,12 +26,7 @@ from google.protobuf.json_format import MessageToDict
 
 from mmrl.sft.config import SftConfig
 from mmrl_proto.v1 import env_pb2, env_pb2_grpc
-from services.common.conversation import (
-    ChatTokens,
-    TokenConversation,
-    expand_image_placeholders,
-    segment_trajectory,
-)
+from services.common.conversation import ChatTokens, TokenConversation, expand_image_placeholders
 from services.common.grpc_server import sync_channel
 from services.common.task import episode_solved
 from services.common.trajectory import Trajectory
@@ -141,11 +136,11 @@ def expert_conversations(
                         del states[new_state.episode_id]
                         conv = convs[new_state.episode_id]
                         solved = episode_solved(MessageToDict(new_state.info), returns[new_state.episode_id])
-                        trained = [seg for seg in conv.segments() if sum(seg.loss_mask) > 0]
-                        if solved and trained:  # a windowed episode: one conversation per trained turn
-                            trajectories += [segment_trajectory(
-                                seg, f"sft-{spec.seed}" if conv.window is None else f"sft-{spec.seed}-t{seg.first_turn}",
-                                [float(m) for m in seg.loss_mask], reward=new_state.reward) for seg in trained]
+                        if solved:  # a windowed episode: one conversation per trained turn
+                            played = conv.to_trajectories(
+                                f"sft-{spec.seed}", [[float(m) for m in seg.loss_mask] for seg in conv.segments()],
+                                reward=new_state.reward)
+                            trajectories += [t for t in played if t.num_generated_tokens > 0]
                     else:
                         states[new_state.episode_id] = (spec, new_state)
             stub.CloseEpisodes(env_pb2.CloseEpisodesRequest(episode_ids=list(convs)), timeout=60)
