@@ -64,8 +64,9 @@ class OptimSettings(_Settings):
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradients are clipped to this global L2 norm.")
     micro_batch_size: int = Field(
         16, ge=1, le=4096,
-        description="Trajectories per forward/backward on each rank; gradients accumulate over micro-batches, "
-                    "so the result does not depend on it, only memory and speed do.",
+        description="Distinct sequences per forward/backward on each rank (trajectories the model sees as the "
+                    "same tokens and images share one row); gradients accumulate over micro-batches, so the "
+                    "result does not depend on it, only memory and speed do.",
     )
     activation_checkpointing: bool = Field(
         False, description="Recompute each decoder layer in the backward pass: far less activation memory "

@@ -3,7 +3,10 @@
 `prepare_trajectory` checks one trajectory against the model (lengths, vocabulary, images that
 decode, one placeholder run per image of exactly the processor's token count) and runs the same HF
 image processor the rollout engine ran on the same frame bytes (`FrameProcessor`). `collate` pads
-a list of prepared trajectories into a `PolicyBatch`. Errors are ValueError naming the trajectory.
+a list of prepared trajectories into a `PolicyBatch`, running each distinct token-and-image sequence
+through the model once (a windowed episode's turns from the same frame, or a group's episodes that
+played the same moves, are one row of the model's inputs). Errors are ValueError naming the
+trajectory.
 """
 
 from __future__ import annotations
@@ -74,6 +77,16 @@ class PreparedTrajectory:
     def as_padding(self) -> PreparedTrajectory:
         return PreparedTrajectory(**{**self.__dict__, "weight": 0.0})
 
+    @property
+    def sequence_key(self) -> tuple[bytes, ...]:
+        """Equal for trajectories the model sees as the same input (token ids, images, allowed
+        tokens): their log-probs are one forward's. Advantages, masks and weights are not part of it."""
+        images = self.image_keys
+        if self.pixel_values is not None and len(images) != (0 if self.image_grid_thw is None else len(self.image_grid_thw)):
+            images = (self.pixel_values.numpy().tobytes(),)  # frames without digests: their pixels
+        allowed = b"" if self.allowed is None else self.allowed.numpy().tobytes()
+        return (self.input_ids.numpy().tobytes(), *images, allowed)
+
 
 @dataclass
 class PolicyBatch:
@@ -81,6 +94,10 @@ class PolicyBatch:
 
     `target_cols` [K] are the columns holding a generated token in at least one row; the token at
     column c is scored by the logits at c - 1. Per-token tensors are [B, K] gathered at them.
+
+    The model's inputs (`input_ids`, `attention_mask`, `mm_token_type_ids`, the images, `allowed`)
+    hold the U <= B distinct sequences of the micro-batch, [U, ...]; trajectory b reads row
+    `rows[b]` of them. Everything else is per trajectory, [B] or [B, K].
     """
 
     trajectory_ids: list[str]
@@ -98,6 +115,7 @@ class PolicyBatch:
     image_keys: list[bytes] = field(default_factory=list)  # one content digest per image, in order
     allowed: torch.Tensor | None = None  # [B, K, A] long: the tokens a constrained action allowed there, -1 pad
     image_features: Any = None  # the vision tower's outputs for these images (services/learner/image_features.py)
+    rows: torch.Tensor | None = None  # [B] long: the model-input row each trajectory reads; None: row b
 
     def model_inputs(self, device: torch.device | str) -> dict[str, Any]:
         """Keyword arguments of the HF model's forward (no labels, no cache): the images as pixels,
@@ -293,33 +311,43 @@ def prepare_batch(
 
 
 def collate(items: Sequence[PreparedTrajectory], pad_token_id: int, image_token_id: int) -> PolicyBatch:
-    """Right-pads prepared trajectories into one micro-batch."""
+    """Right-pads prepared trajectories into one micro-batch; trajectories with the same
+    `sequence_key` share one row of the model's inputs."""
     assert items, "collate needs at least one trajectory"
-    num_rows, width = len(items), max(item.num_tokens for item in items)
+    row_of: dict[tuple[bytes, ...], int] = {}
+    distinct: list[PreparedTrajectory] = []
+    rows = []
+    for item in items:
+        row = row_of.setdefault(item.sequence_key, len(distinct))
+        if row == len(distinct):
+            distinct.append(item)
+        rows.append(row)
+    num_rows, width = len(distinct), max(item.num_tokens for item in items)
     input_ids = torch.full((num_rows, width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((num_rows, width), dtype=torch.long)
-    full_mask = torch.zeros((num_rows, width))
-    full_logprobs = torch.zeros((num_rows, width))
-    full_advantages = torch.zeros((num_rows, width))
-    for row, item in enumerate(items):
+    for row, item in enumerate(distinct):
+        input_ids[row, : item.num_tokens] = item.input_ids
+        attention_mask[row, : item.num_tokens] = 1
+    full_mask = torch.zeros((len(items), width))
+    full_logprobs = torch.zeros((len(items), width))
+    full_advantages = torch.zeros((len(items), width))
+    for b, item in enumerate(items):
         n = item.num_tokens
-        input_ids[row, :n] = item.input_ids
-        attention_mask[row, :n] = 1
-        full_mask[row, :n] = item.loss_mask
-        full_logprobs[row, :n] = item.rollout_logprobs
-        full_advantages[row, :n] = item.advantages
+        full_mask[b, :n] = item.loss_mask
+        full_logprobs[b, :n] = item.rollout_logprobs
+        full_advantages[b, :n] = item.advantages
     target_cols = torch.nonzero(full_mask.any(dim=0)).squeeze(1)
     allowed = None
     if any(item.allowed is not None for item in items):
         assert all(item.allowed is not None for item in items), "a micro-batch is constrained throughout or not"
-        parts = [item.allowed for item in items if item.allowed is not None]
+        parts = [item.allowed for item in distinct if item.allowed is not None]
         full_allowed = torch.full((num_rows, width, max(part.shape[1] for part in parts)), -1)
         full_allowed[:, :, 0] = input_ids  # padding: the token itself (log-prob 0, never trained on)
-        for row, (item, part) in enumerate(zip(items, parts, strict=True)):
+        for row, (item, part) in enumerate(zip(distinct, parts, strict=True)):
             full_allowed[row, : item.num_tokens, : part.shape[1]] = part
         allowed = full_allowed[:, target_cols]
-    pixel_parts = [item.pixel_values for item in items if item.pixel_values is not None]
-    grid_parts = [item.image_grid_thw for item in items if item.image_grid_thw is not None]
+    pixel_parts = [item.pixel_values for item in distinct if item.pixel_values is not None]
+    grid_parts = [item.image_grid_thw for item in distinct if item.image_grid_thw is not None]
     return PolicyBatch(
         trajectory_ids=[item.trajectory_id for item in items],
         input_ids=input_ids,
@@ -333,6 +361,7 @@ def collate(items: Sequence[PreparedTrajectory], pad_token_id: int, image_token_
         advantages=full_advantages[:, target_cols],
         weights=torch.tensor([item.weight for item in items]),
         shares=torch.tensor([item.share for item in items]),
-        image_keys=[key for item in items for key in item.image_keys],
+        image_keys=[key for item in distinct for key in item.image_keys],
         allowed=allowed,
+        rows=None if num_rows == len(items) else torch.tensor(rows),
     )

@@ -147,22 +147,29 @@ def token_logprobs(
 
         logp[b, k] = z[b, c_k - 1][x[b, c_k]] - logsumexp_{a in A[b, k]} z[b, c_k - 1][a]
 
-    Returns ([B, K], [B, K] or None); rows or columns that are not generated hold values for
-    whatever token is there (the caller masks them).
+    The model runs on the batch's distinct sequences (U rows) and each trajectory reads its row
+    (`batch.rows`), so trajectories of the same sequence share one forward and the gradient sums
+    their terms. Returns ([B, K], [B, K] or None); rows or columns that are not generated hold
+    values for whatever token is there (the caller masks them).
     """
     positions = (batch.target_cols - 1).to(device)
     output = model(**batch.model_inputs(device), logits_to_keep=positions, use_cache=False)
-    logits = output.logits.float()  # [B, K, V]
-    targets = batch.input_ids.to(device)[:, batch.target_cols.to(device)]  # [B, K]
+    logits = output.logits.float()  # [U, K, V]
+    targets = batch.input_ids.to(device)[:, batch.target_cols.to(device)]  # [U, K]
     if batch.allowed is not None:
-        return _constrained_logprobs(logits, targets, batch.allowed.to(device), with_entropy, entropy_grad)
-    log_probs = torch.log_softmax(logits, dim=-1)
-    logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        scored = log_probs if entropy_grad else log_probs.detach()
-        entropy = -(scored.exp() * scored).sum(-1)
-    return logprobs, entropy
+        logprobs, entropy = _constrained_logprobs(logits, targets, batch.allowed.to(device), with_entropy,
+                                                  entropy_grad)
+    else:
+        log_probs = torch.log_softmax(logits, dim=-1)
+        logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        entropy = None
+        if with_entropy:
+            scored = log_probs if entropy_grad else log_probs.detach()
+            entropy = -(scored.exp() * scored).sum(-1)
+    if batch.rows is None:
+        return logprobs, entropy
+    rows = batch.rows.to(device)
+    return logprobs[rows], None if entropy is None else entropy[rows]
 
 
 def _constrained_logprobs(logits: torch.Tensor, targets: torch.Tensor, allowed: torch.Tensor,

@@ -105,11 +105,16 @@ class Sums:
 
 
 def micro_batches(items: Sequence[PreparedTrajectory], size: int) -> list[list[PreparedTrajectory]]:
-    """Chunks of `size` trajectories of similar length: sorted by token count first, so a chunk is
+    """Chunks of at most `size` distinct sequences (`PreparedTrajectory.sequence_key`) of similar
+    length, each sequence with every trajectory of it: sorted by token count first, so a chunk is
     padded only to its own longest trajectory (multi-turn episodes range from a few turns to
-    `max_moves` turns). The step does not depend on how trajectories are grouped (see above)."""
-    ordered = sorted(items, key=lambda item: item.num_tokens)
-    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    `max_moves` turns), and `collate` runs each sequence through the model once. The step does not
+    depend on how trajectories are grouped (see above)."""
+    same: dict[tuple[bytes, ...], list[PreparedTrajectory]] = {}
+    for item in items:
+        same.setdefault(item.sequence_key, []).append(item)
+    ordered = sorted(same.values(), key=lambda group: group[0].num_tokens)
+    return [[item for group in ordered[i : i + size] for item in group] for i in range(0, len(ordered), size)]
 
 
 def set_lora_dropout(model: Any, training: bool) -> None:
@@ -247,6 +252,8 @@ def train_step(
             "train/image_encode_s": time.perf_counter() - start,
         }
     old = old_policy_logprobs(model, chunked, config, ctx.device)  # before the first update
+    distinct = all_reduce(torch.tensor(float(sum(b.input_ids.shape[0] for bs in chunked for b in bs)),
+                                       dtype=torch.float64, device=ctx.device))
     totals = Sums()
     max_abs_diff = 0.0
     losses, pg_losses, kls, grad_norms, num_skipped = [], [], [], [], 0
@@ -289,6 +296,7 @@ def train_step(
         "train/num_trajectories": float(sum(m.totals.num_trajectories for m in minibatches)),
         "train/num_tokens": float(sum(m.totals.num_tokens for m in minibatches)),
         "train/num_generated_tokens": float(sum(m.totals.num_generated_tokens for m in minibatches)),
+        "train/num_distinct_sequences": float(distinct),
         "train/optimizer_steps": float(len(passes)),
         "train/skipped": float(num_skipped > 0),
         "train/skipped_steps": float(num_skipped),

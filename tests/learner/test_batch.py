@@ -158,6 +158,43 @@ def test_collate_right_pads_and_gathers_only_generated_positions(
     assert batch.pixel_values is not None and batch.pixel_values.shape[0] == 6 * 100
 
 
+def test_trajectories_of_the_same_sequence_share_one_row_of_the_models_inputs(
+    trajectories: list[Trajectory], spec: ModelSpec, frames: FrameProcessor, tiny_model_dir: Path
+) -> None:
+    # Two turns played from the same frame with the same move are one sequence to the model, with
+    # the advantages of their own episodes; the batch runs it once and each reads its log-probs.
+    first, other = prepare_batch(trajectories[:2], spec, frames)
+    twin = dataclasses.replace(first, trajectory_id="twin", advantages=-2.0 * first.advantages, share=0.5)
+    assert twin.sequence_key == first.sequence_key != other.sequence_key
+    redrawn = dataclasses.replace(first, image_keys=(b"another frame", *first.image_keys[1:]))
+    assert redrawn.sequence_key != first.sequence_key  # same tokens, another image
+    items = [first, other, twin]
+    batch = collate(items, spec.pad_token_id, spec.image_token_id)
+    assert batch.input_ids.shape[0] == 2 and batch.rows is not None and batch.rows.tolist() == [0, 1, 0]
+    assert batch.image_grid_thw is not None and len(batch.image_grid_thw) == len(batch.image_keys) == 6
+    assert batch.trajectory_ids == [first.trajectory_id, other.trajectory_id, "twin"]
+    assert torch.equal(batch.advantages[2], -2.0 * batch.advantages[0]) and batch.shares.tolist()[2] == 0.5
+    assert collate([first, other], spec.pad_token_id, spec.image_token_id).rows is None
+
+    # The gradient of any loss over the shared row is that of the rows run one by one.
+    model = load_base_model(tiny_model_dir)
+    param = model.lm_head.weight.requires_grad_(True)  # the base model loads frozen
+
+    def grad_of(batches: list[Any]) -> torch.Tensor:
+        model.zero_grad(set_to_none=True)
+        for chunk in batches:
+            logprobs, entropy = token_logprobs(model, chunk, "cpu")
+            assert entropy is not None and entropy.shape == logprobs.shape == chunk.loss_mask.shape
+            (logprobs * chunk.advantages * chunk.loss_mask * chunk.shares[:, None]).sum().backward()
+        assert param.grad is not None
+        return param.grad.clone()
+
+    alone = [collate([item], spec.pad_token_id, spec.image_token_id) for item in items]
+    together = grad_of([batch])
+    torch.testing.assert_close(together, grad_of(alone), rtol=1e-4, atol=1e-6)
+    assert together.abs().sum() > 0
+
+
 def test_values_on_positions_not_trained_on_never_reach_the_loss(
     trajectories: list[Trajectory], spec: ModelSpec, frames: FrameProcessor
 ) -> None:

@@ -101,6 +101,37 @@ def test_micro_batches_group_trajectories_of_similar_length(
     assert padded < unsorted
 
 
+def test_micro_batches_count_distinct_sequences_and_keep_each_ones_copies_together(
+    mixed_lengths: list[Trajectory], tiny_model_dir: Path
+) -> None:
+    from services.learner.batch import FrameProcessor, ModelSpec
+    from services.learner.policy import load_processor
+    from services.learner.trainer import micro_batches
+
+    spec = ModelSpec.from_config(load_base_model(tiny_model_dir).config)
+    items = prepare_batch(mixed_lengths, spec, FrameProcessor(load_processor(tiny_model_dir).image_processor))
+    copies = [dataclasses.replace(item, trajectory_id=f"{item.trajectory_id}-copy{k}")
+              for k, item in enumerate(items[::2])]
+    chunks = micro_batches([*items, *copies], 3)
+    keys = [[item.sequence_key for item in chunk] for chunk in chunks]
+    assert [len(set(k)) for k in keys] == [3, 3, 3, 1]  # 10 distinct sequences, 3 a micro-batch
+    assert sum(len(chunk) for chunk in chunks) == len(items) + len(copies)
+    for copy in copies:  # each copy sits beside its original
+        [chunk] = [c for c in chunks if copy in c]
+        assert sum(item.sequence_key == copy.sequence_key for item in chunk) == 2
+
+
+def test_a_step_runs_each_distinct_sequence_once_and_reports_how_many(
+    make_driver: Callable[..., Any], trajectories: list[Trajectory]
+) -> None:
+    copies = [dataclasses.replace(t, trajectory_id=f"{t.trajectory_id}-again", advantages=tuple(-a for a in t.advantages))
+              for t in trajectories[:2]]
+    distinct = len({(t.token_ids, t.images) for t in trajectories})
+    metrics = _configure(make_driver).train_step("run", [*trajectories, *copies]).metrics
+    assert metrics["train/num_trajectories"] == len(trajectories) + 2
+    assert metrics["train/num_distinct_sequences"] == distinct
+
+
 @pytest.mark.parametrize("loss_agg", ["token_mean", "sequence_mean"])
 def test_the_step_does_not_depend_on_the_micro_batch_size(
     loss_agg: str, make_driver: Callable[..., Any], mixed_lengths: list[Trajectory]
