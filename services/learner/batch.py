@@ -82,7 +82,8 @@ class PreparedTrajectory:
         """Equal for trajectories the model sees as the same input (token ids, images, allowed
         tokens): their log-probs are one forward's. Advantages, masks and weights are not part of it."""
         images = self.image_keys
-        if self.pixel_values is not None and len(images) != (0 if self.image_grid_thw is None else len(self.image_grid_thw)):
+        num_images = 0 if self.image_grid_thw is None else len(self.image_grid_thw)
+        if self.pixel_values is not None and len(images) != num_images:
             images = (self.pixel_values.numpy().tobytes(),)  # frames without digests: their pixels
         allowed = b"" if self.allowed is None else self.allowed.numpy().tobytes()
         return (self.input_ids.numpy().tobytes(), *images, allowed)
@@ -101,9 +102,9 @@ class PolicyBatch:
     """
 
     trajectory_ids: list[str]
-    input_ids: torch.Tensor  # [B, T] long, right-padded
-    attention_mask: torch.Tensor  # [B, T] long
-    mm_token_type_ids: torch.Tensor  # [B, T] int: 1 at image placeholder tokens
+    input_ids: torch.Tensor  # [U, T] long, right-padded
+    attention_mask: torch.Tensor  # [U, T] long
+    mm_token_type_ids: torch.Tensor  # [U, T] int: 1 at image placeholder tokens
     pixel_values: torch.Tensor | None
     image_grid_thw: torch.Tensor | None
     target_cols: torch.Tensor  # [K] long
@@ -113,7 +114,7 @@ class PolicyBatch:
     weights: torch.Tensor  # [B] float: 1 for real trajectories, 0 for padding copies
     shares: torch.Tensor | None = None  # [B] float: each trajectory's part of its episode (1 / segments)
     image_keys: list[bytes] = field(default_factory=list)  # one content digest per image, in order
-    allowed: torch.Tensor | None = None  # [B, K, A] long: the tokens a constrained action allowed there, -1 pad
+    allowed: torch.Tensor | None = None  # [U, K, A] long: the tokens a constrained action allowed there, -1 pad
     image_features: Any = None  # the vision tower's outputs for these images (services/learner/image_features.py)
     rows: torch.Tensor | None = None  # [B] long: the model-input row each trajectory reads; None: row b
 
