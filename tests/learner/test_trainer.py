@@ -82,15 +82,22 @@ def mixed_lengths(tokenizer: Any, trajectories: list[Trajectory]) -> list[Trajec
     return synthetic.with_advantages(played, [1.0, -0.5, 0.25, -1.0, 0.75, 0.5, 0.3, -0.2, 0.6, -0.9])
 
 
-def test_micro_batches_group_trajectories_of_similar_length(
-    mixed_lengths: list[Trajectory], tiny_model_dir: Path
-) -> None:
+@pytest.fixture
+def mixed_items(mixed_lengths: list[Trajectory], tiny_model_dir: Path) -> list[Any]:
+    """`mixed_lengths` prepared for the tiny model, in batch order."""
     from services.learner.batch import FrameProcessor, ModelSpec
     from services.learner.policy import load_processor
-    from services.learner.trainer import micro_batches
 
     spec = ModelSpec.from_config(load_base_model(tiny_model_dir).config)
-    items = prepare_batch(mixed_lengths, spec, FrameProcessor(load_processor(tiny_model_dir).image_processor))
+    return prepare_batch(mixed_lengths, spec, FrameProcessor(load_processor(tiny_model_dir).image_processor))
+
+
+def test_micro_batches_group_trajectories_of_similar_length(
+    mixed_lengths: list[Trajectory], mixed_items: list[Any]
+) -> None:
+    from services.learner.trainer import micro_batches
+
+    items = mixed_items
     chunks = micro_batches(items, 4)
     assert [len(c) for c in chunks] == [4, 4, 2]
     assert sorted(i.trajectory_id for c in chunks for i in c) == sorted(t.trajectory_id for t in mixed_lengths)
@@ -102,14 +109,11 @@ def test_micro_batches_group_trajectories_of_similar_length(
 
 
 def test_micro_batches_count_distinct_sequences_and_keep_each_ones_copies_together(
-    mixed_lengths: list[Trajectory], tiny_model_dir: Path
+    mixed_items: list[Any],
 ) -> None:
-    from services.learner.batch import FrameProcessor, ModelSpec
-    from services.learner.policy import load_processor
     from services.learner.trainer import micro_batches
 
-    spec = ModelSpec.from_config(load_base_model(tiny_model_dir).config)
-    items = prepare_batch(mixed_lengths, spec, FrameProcessor(load_processor(tiny_model_dir).image_processor))
+    items = mixed_items
     copies = [dataclasses.replace(item, trajectory_id=f"{item.trajectory_id}-copy{k}")
               for k, item in enumerate(items[::2])]
     chunks = micro_batches([*items, *copies], 3)
