@@ -39,6 +39,8 @@ def sft_checkpoint(sft_config: Path, state_dir: Path, env: str, base_model: Path
     budget = f"{config.updates} updates"
     if config.band is not None:
         budget += f", keeping the last check inside [{config.band[0]}, {config.band[1]}]"
+        if config.stop_above_band:
+            budget = f"at most {budget}, ending at the first check above it"
     print(f"SFT warm start ({budget}) -> {out}", flush=True)
     report = run_sft(config, state_dir / "sft")
     return out, float(report["sft_wall_s"]), report

@@ -12,7 +12,10 @@ greedy solve rate on the validation tasks is measured; after all `updates` the S
 checkpoint whose check lies in the band (the most imitation a start of that strength can have), or,
 when none does, the one whose check lies nearest to it. With `check_samples: k` each check also plays k
 episodes per validation task at temperature 1 (the policy GRPO samples from) and records their solve
-rate; `band_on: sampled` applies the band to that rate instead of the greedy one.
+rate; `band_on: sampled` applies the band to that rate instead of the greedy one. Where the rate
+rises late and fast (Sokoban's SFT reads the room after a plateau whose length varies from run to
+run), `stop_above_band` ends the SFT at the first check above the band, so `updates` is a ceiling
+rather than a budget that must fit every machine.
 """
 
 from __future__ import annotations
@@ -92,6 +95,9 @@ class SftConfig(BaseModel):
                                     "greedy one (0: greedy only); the check records their solve rate.")
     band_on: BandOn = Field(
         "greedy", description="The check's rate the band applies to: greedy, or sampled (needs check_samples).")
+    stop_above_band: bool = Field(
+        False, description="With band: end the SFT at the first check whose rate lies above the band (the kept "
+                           "checkpoint is chosen among the checks so far) instead of running all `updates`.")
 
     @model_validator(mode="before")
     @classmethod
@@ -111,6 +117,8 @@ class SftConfig(BaseModel):
             if not self.is_check(self.updates):
                 raise ValueError(f"band needs a check after the last update: {self.updates} is not check_from "
                                  f"{self.check_from} plus a multiple of check_every {self.check_every}")
+        if self.stop_above_band and self.band is None:
+            raise ValueError("stop_above_band needs a band (the checks it stops on)")
         if self.band_on == "sampled" and self.check_samples == 0:
             raise ValueError("band_on: sampled needs check_samples >= 1 (sampled episodes per validation task)")
         return self
@@ -119,6 +127,11 @@ class SftConfig(BaseModel):
         """Whether a check runs after `update` (only with band)."""
         return (self.band is not None and update >= self.check_from
                 and (update - self.check_from) % self.check_every == 0)
+
+    def stops_after(self, checks: list[dict[str, Any]]) -> bool:
+        """Whether the SFT ends after the last of `checks` (`stop_above_band`)."""
+        return (self.stop_above_band and self.band is not None and bool(checks)
+                and checks[-1][CHECK_RATE[self.band_on]] > self.band[1])
 
     def num_drawn(self) -> int:
         """Tasks drawn from the env: the training tasks, then the validation tasks of the checks."""

@@ -62,7 +62,8 @@ def draw_tasks(env_address: str, config: SftConfig) -> SftTasks:
             if error.code() != grpc.StatusCode.INVALID_ARGUMENT:
                 raise
             raise UsageError(f"the env service refused the SFT's task draw (num_tasks + check_tasks = "
-                             f"{config.num_drawn()}): {error.details()}") from None
+                             f"{config.num_drawn()}, drawn in one request): {error.details()}; lower num_tasks "
+                             "or check_tasks, or raise the env service's max_batch") from None
     specs = list(reply.specs)
     return SftTasks(training=specs[:config.num_tasks], validation=specs[config.num_tasks:])
 

@@ -83,18 +83,25 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
 
     checks: list[dict[str, Any]] = []
 
-    def after_update(update: int, history: list[dict[str, Any]]) -> None:
-        """Intermediate saves and checks."""
+    def after_update(update: int, history: list[dict[str, Any]]) -> bool:
+        """Intermediate saves and checks; True ends the SFT (`stop_above_band`), on every rank."""
         is_check = config.is_check(update)
         if not (is_check or update in config.save_at):
-            return
+            return False
         # The last update's model goes to `out` itself; earlier ones to <out>-u<N>.
         saved = Path(config.out) if update == config.updates else Path(f"{config.out}-u{update}")
         ranks.save_model(model, processor, config, ctx, saved,
                          {"config": config.model_dump(), "updates": update, "loss_history": history},
                          _swap_in)
-        if not is_check or check is None or not ctx.is_main:
-            return
+        if is_check and config.stop_above_band:
+            return bool(broadcast_object(_check(update, saved) if ctx.is_main else None, ctx))
+        if is_check and ctx.is_main:
+            _check(update, saved)
+        return False
+
+    def _check(update: int, saved: Path) -> bool:
+        """Rank 0: the check of the model saved after `update`; whether the SFT stops there."""
+        assert check is not None
         summary = check(saved, tasks.validation)
         rate = float(summary["greedy_solve_rate"])
         entry = {"updates": update, "validation_solve_rate": rate, "episodes": summary["episodes"]}
@@ -107,6 +114,11 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
         progress(f"sft check at update {update}: greedy solve rate {rate:.4f}{sampled} on {len(tasks.validation)} "
                  f"validation tasks ({time.perf_counter() - started:.0f} s)")
         _remove_unkept(config, checks, keep=kept_update(config.band, checks, ran=update, band_on=config.band_on))
+        stops = config.stops_after(checks)
+        if stops:
+            progress(f"sft stops at update {update} of {config.updates}: its check lies above the band "
+                     f"{list(config.band or ())} (stop_above_band)")
+        return stops
 
     history = _Fitter(model, spec, processor, config, ctx, progress, started).run(next_batch, after_update)
     kept = int(broadcast_object(kept_update(config.band, checks, ran=len(history), band_on=config.band_on)
@@ -124,11 +136,13 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
         report["checks"] = checks
         report["band"] = list(config.band or ())
         report["band_on"] = config.band_on
-    if kept == len(history) and not config.is_check(kept):
+    # The model of update `config.updates` is `out` itself (saved there at its check, or now); any other
+    # update's model was saved for its check as <out>-u<N> and is moved to `out`.
+    if kept == config.updates and not config.is_check(kept):
         ranks.save_model(model, processor, config, ctx, Path(config.out), report, _swap_in)
     if not ctx.is_main:
         return {}
-    if kept != len(history):
+    if kept != config.updates:
         progress(f"sft keeps the checkpoint of update {kept} (band {list(config.band or ())} on the "
                  f"{config.band_on} rate)")
         _keep_checkpoint(Path(f"{config.out}-u{kept}"), Path(config.out), report, move=kept not in config.save_at)
@@ -159,8 +173,9 @@ class _Fitter:
         self.sharded = is_sharded(ctx, ranks.compute_dtype(config, ctx))
 
     def run(self, next_batch: Callable[[], list[Trajectory]],
-            after_update: Callable[[int, list[dict[str, Any]]], None]) -> list[dict[str, Any]]:
-        """`config.updates` optimiser updates; `after_update(update, history)` after each."""
+            after_update: Callable[[int, list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+        """`config.updates` optimiser updates, `after_update(update, history)` after each; ends early
+        when it returns True."""
         config, model, ctx = self.config, self.model, self.ctx
         schedule = TrainSettings(optim=config.optim, total_steps=max(config.updates, config.optim.warmup_steps + 1))
         params = [p for _, p in trainable_parameters(model)]
@@ -192,7 +207,8 @@ class _Fitter:
             if update % 25 == 0 or update == config.updates:
                 self.progress(f"sft update {update}/{config.updates}  nll/token {loss_value:.4f}  "
                               f"({time.perf_counter() - self.started:.0f} s)")
-            after_update(update, history)
+            if after_update(update, history):
+                break
         return history
 
 

@@ -52,6 +52,17 @@ def test_a_band_needs_a_check_after_the_last_update_and_an_order() -> None:
     assert [u for u in range(1, 901) if config.is_check(u)] == [500, 600, 700, 800, 900]
     assert config.num_drawn() == config.num_tasks + config.check_tasks
     assert not SftConfig(base_model="m", out="o", updates=900).is_check(500)  # no band: no checks
+    with pytest.raises(ValidationError, match="stop_above_band needs a band"):
+        SftConfig(base_model="m", out="o", updates=900, stop_above_band=True)
+
+
+def test_stop_above_band_stops_after_a_check_above_the_band_on_its_rate() -> None:
+    config = SftConfig(base_model="m", out="o", updates=900, band=(0.45, 0.6), stop_above_band=True)
+    assert not config.stops_after([]) and not config.stops_after(_checks((0.3, 0.6)))
+    assert config.stops_after(_checks((0.3, 0.61)))
+    assert not config.model_copy(update={"stop_above_band": False}).stops_after(_checks((0.3, 0.61)))
+    sampled = config.model_copy(update={"band_on": "sampled", "check_samples": 1})
+    assert not sampled.stops_after([{"updates": 500, "validation_solve_rate": 0.9, "validation_sampled_rate": 0.5}])
 
 
 @pytest.mark.parametrize(("old", "new"), [("num_mazes", "num_tasks"), ("learning_rate", "optim.learning_rate"),

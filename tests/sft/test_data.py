@@ -130,5 +130,6 @@ def test_more_tasks_than_the_env_draws_in_one_call_is_a_usage_error() -> None:
     from services.common.user_errors import UsageError
 
     config = SftConfig(**MAZE, num_tasks=5000)
-    with pytest.raises(UsageError, match=r"num_tasks \+ check_tasks = 5000\): count: 5000 items, more than max_batch"):
+    with pytest.raises(UsageError, match=r"num_tasks \+ check_tasks = 5000, drawn in one request\): "
+                       r"count: 5000 items, more than max_batch=4096; lower num_tasks or check_tasks"):
         with_env_service(lambda address: draw_tasks(address, config))

@@ -97,6 +97,31 @@ def test_a_band_on_the_sampled_rate_keeps_by_it_and_the_report_has_both_rates(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sft"]
 
 
+def test_stop_above_band_ends_at_the_first_check_above_it_and_keeps_the_last_inside(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """band [0.3, 0.5], a ceiling of 12 updates: checks after updates 2, 4 and 6 read 0.1, 0.4 and 0.7
+    (scripted); the SFT stops after update 6 and keeps update 4's weights, with no other checkpoint left."""
+    out = tmp_path / "sft"
+    config = SftConfig(base_model=str(tiny_model_dir), out=str(out), num_tasks=4, updates=12, band=(0.3, 0.5),
+                       check_from=2, check_every=2, check_tasks=3, stop_above_band=True,
+                       **FAST)  # type: ignore[arg-type]
+    rates = iter([0.1, 0.4, 0.7])
+    digests: dict[int, str] = {}
+    messages: list[str] = []
+
+    def check(model_dir: Path, tasks: list[object]) -> dict[str, object]:
+        digests[int(json.loads((model_dir / "sft_report.json").read_text())["updates"])] = _weights_digest(model_dir)
+        return {"greedy_solve_rate": next(rates), "episodes": len(tasks)}
+
+    report = with_env_service(lambda address: train_sft(config, address, messages.append, check=check))
+    assert [c["updates"] for c in report["checks"]] == [2, 4, 6]
+    assert report["updates"] == 4 and report["updates_run"] == 6 and len(report["loss_history"]) == 4
+    assert _weights_digest(out) == digests[4]
+    assert json.loads((out / "sft_report.json").read_text())["updates"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sft"]
+    assert any("stops at update 6 of 12" in m for m in messages)
+
+
 def test_a_band_needs_a_check(tiny_model_dir: Path, tmp_path: Path) -> None:
     config = SftConfig(base_model=str(tiny_model_dir), out=str(tmp_path / "sft"), updates=2, band=(0.4, 0.5),
                        check_from=2)
