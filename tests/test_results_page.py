@@ -159,6 +159,16 @@ def test_a_sweep_puts_its_worst_mean_and_best_on_the_page_and_in_the_readme_tabl
     assert "| machine | 2-core Test CPU (avx2), torch 2.13.0 x2 threads, commit abc1234 |" in table
     assert _run(tmp_path, "--check") == 0
 
+    # A second environment's sweep on another machine: each sweep's rows keep their own machine.
+    other = {**sweep, "env": "sokoban", "machine": {**sweep["machine"], "cpu": "Other CPU"}}
+    (tmp_path / "sweep" / "sweep.json").write_text(json.dumps(other))
+    assert _run(tmp_path, "--sweep", tmp_path / "sweep" / "sweep.json") == 0
+    readme = (tmp_path / "README.md").read_text()
+    table = readme[readme.index(README_BEGIN):readme.index(README_END)]
+    assert "| maze: machine | 2-core Test CPU (avx2), torch 2.13.0 x2 threads, commit abc1234 |" in table
+    assert "| sokoban: machine | 2-core Other CPU (avx2), torch 2.13.0 x2 threads, commit abc1234 |" in table
+    assert "| machine |" not in table
+
 
 def test_the_page_says_where_the_run_of_record_falls_in_the_sweeps_spread(tmp_path: Path) -> None:
     from mmrl.demo.aggregate import aggregate

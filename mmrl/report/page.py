@@ -258,16 +258,19 @@ def render_readme_block(summary: dict[str, Any], curve: dict[str, Any],
     rows = [row for row in result_rows(summary, curve) if not row[0].startswith("sampled")]
     if sweeps:
         rows = [row for row in rows if row[0].startswith("SFT start")]
-        machine = None  # one row: the last sweep's
+        machines: dict[str, str] = {}  # one row when every sweep ran on the same machine, else one each
         for env, sweep in sorted(sweeps.items(), key=lambda item: item[0] != "maze"):
             for what, value in sweep_rows(sweep):
                 if what == "machine":
-                    machine = value
+                    machines[env] = value
                 elif what.startswith("time"):  # a mean over the runs, not a spread; the maze's only
                     rows += [(f"{env}: {what}", value)] if env == "maze" else []
                 else:
                     rows.append((f"{env}: {what} (worst / mean / best)", value))
-        rows += [("machine", machine)] if machine else []
+        if len(set(machines.values())) == 1:
+            rows.append(("machine", next(iter(machines.values()))))
+        else:
+            rows += [(f"{env}: machine", value) for env, value in machines.items()]
     return "\n".join([README_BEGIN, _table(rows), README_END])
 
 
