@@ -141,13 +141,14 @@ def test_a_sweep_puts_its_worst_mean_and_best_on_the_page_and_in_the_readme_tabl
     sweep = {**aggregate(runs, curves), "env": "maze", "seeds": [0, 1], "starts": ["/somewhere/sft-a", "/x/sft-b"],
              "budget_min": 30.0, "machine": {"cpus": 2, "cpu": "Test CPU", "cpu_flags": ["avx2"], "torch": "2.13.0",
                                               "torch_threads": 2, "commit": "abc1234"},
-             "command": "mmrl sweep --seeds 0,1"}
+             "command": "mmrl sweep --sft-model /somewhere/sft-a --seeds 0,1 --set model=/m/tiny --out /x/out"}
     (tmp_path / "sweep").mkdir()
     (tmp_path / "sweep" / "sweep.json").write_text(json.dumps(sweep))
     assert _run(tmp_path, "--sweep", tmp_path / "sweep" / "sweep.json") == 0
 
     page = (tmp_path / "results.md").read_text()
     assert "## GRPO over seeds and starts: maze" in page and "`sft-a`, `sft-b`" in page and "/somewhere" not in page
+    assert "`mmrl sweep --sft-model sft-a --seeds 0,1 --set model=tiny --out out`" in page and "/x/" not in page
     assert "| end (step 110, mean of the last 3 evals), greedy | 0.900 / 0.950 / 1.000 (3 runs) |" in page
     assert "| 110 | 0.900 | 0.950 | 1.000 |" in page
     readme = (tmp_path / "README.md").read_text()

@@ -305,9 +305,22 @@ def update_record(args: argparse.Namespace) -> None:
             shutil.copyfile(source, args.images / target)
 
 
+def _local_cut(word: str) -> str:
+    """A command's word with a path (one with a "/", or KEY=path) cut to its last name, as the record
+    keeps starts."""
+    if "/" not in word or word.startswith("-"):
+        return word
+    if "=" in word:
+        key, value = word.split("=", 1)
+        return f"{key}={_local_cut(value)}"
+    return Path(word).name or word
+
+
 def update_sweep(args: argparse.Namespace) -> None:
     """Copies a sweep's sweep.json (local paths cut to names) and band.png into the record."""
     sweep = json.loads(args.sweep.read_text())
+    if isinstance(sweep.get("command"), str):
+        sweep["command"] = " ".join(_local_cut(word) for word in sweep["command"].split(" "))
     sweep["starts"] = [Path(s).name for s in sweep.get("starts", [])]
     for run in sweep.get("runs", []):
         run["start"] = Path(str(run.get("start"))).name
