@@ -64,3 +64,46 @@ def test_the_curve_carries_how_failed_greedy_episodes_failed() -> None:
     modes = {"greedy_noop_fraction": 0.3, "greedy_failed_stuck": 0.2, "greedy_failed_cycling": 0.1}
     (point,) = learning_curve([{**_eval(0, 0.7, 3.0), **modes}], [])["eval"]
     assert {key: point[key] for key in modes} == modes
+
+
+class _FinishedRunApi:
+    """A run that has ended: its evals and metrics as the coordinator's REST API returns them."""
+
+    def __init__(self, evals: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> None:
+        self.answers = {"/v1/runs/r1/evals": {"evals": evals}, "/v1/runs/r1/metrics": {"metrics": metrics},
+                        "/v1/runs/r1/episodes": {"episodes": []}}
+        self.http = type("Http", (), {"base_url": "http://test"})()
+
+    def start(self, config: dict[str, Any]) -> dict[str, Any]:
+        return {"id": "r1"}
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.answers[path]
+
+
+def _summary(monkeypatch, tmp_path, evals: list[dict[str, Any]], state: str = "succeeded") -> dict[str, Any]:
+    from mmrl.demo import grpo
+
+    evals = [{**e, "episodes": 64} for e in evals]
+    final = {"id": "r1", "state": state, "step": evals[-1]["step"], "adapter_version": evals[-1]["step"]}
+    monkeypatch.setattr(grpo, "watch_or_stop", lambda api, run_id: final)
+    api = _FinishedRunApi(evals, [m for m in METRICS if m["step"] <= evals[-1]["step"]])
+    return grpo.run_grpo(api, {"seed": 0}, tmp_path / "out", tmp_path / "shared", 30.0, "test")  # type: ignore[arg-type]
+
+
+def test_the_summary_has_the_held_out_rate_of_the_start_and_of_the_end(monkeypatch, tmp_path) -> None:
+    """The step-0 eval and the last play the held-out set; the summary keeps both, and the budget counts
+    the fixed set's evals alone (eval_s), not the held-out ones (held_out_eval_s)."""
+    held_out = {"held_out_set": "maze-held-out-256", "held_out_eval_s": 1000.0}
+    evals = [{**_eval(0, 0.5, 3.0), **held_out, "held_out_solve_rate": 0.4}, _eval(2, 0.6, 4.0),
+             {**_eval(4, 0.7, 5.0), **held_out, "held_out_solve_rate": 0.65}]
+    summary = _summary(monkeypatch, tmp_path, evals)
+    assert (summary["held_out_set"], summary["held_out_start_solve_rate"], summary["held_out_solve_rate"]) == (
+        "maze-held-out-256", 0.4, 0.65)
+    assert summary["within_budget_step"] == 4 and summary["within_budget_grpo_s"] == 112.0
+
+
+def test_a_run_that_ended_before_its_second_eval_has_no_held_out_end(monkeypatch, tmp_path) -> None:
+    evals = [{**_eval(0, 0.5, 3.0), "held_out_set": "maze-held-out-256", "held_out_solve_rate": 0.4}]
+    summary = _summary(monkeypatch, tmp_path, evals, state="failed")
+    assert summary["held_out_start_solve_rate"] == 0.4 and summary["held_out_solve_rate"] is None

@@ -134,7 +134,7 @@ def test_a_sweep_puts_its_worst_mean_and_best_on_the_page_and_in_the_readme_tabl
     assert _run(tmp_path, "--summary", summary, "--curve", curve, "--update") == 0
     runs = [{"start": f"/somewhere/sft-{start}", "seed": seed, "state": "succeeded", "steps": 110,
              "start_solve_rate": 0.5, "end_solve_rate_last3": rate, "within_budget_solve_rate": rate,
-             "held_out_solve_rate": rate - 0.05, "mean_step_s": 9.0}
+             "held_out_start_solve_rate": 0.45, "held_out_solve_rate": rate - 0.05, "mean_step_s": 9.0}
             for (start, seed), rate in zip([("a", 0), ("a", 1), ("b", 0)], (0.9, 0.95, 1.0), strict=True)]
     curves = [{"eval": [{"step": 0, "greedy_solve_rate": 0.5}, {"step": 110, "greedy_solve_rate": r["end_solve_rate_last3"]}]}
               for r in runs]
@@ -151,6 +151,9 @@ def test_a_sweep_puts_its_worst_mean_and_best_on_the_page_and_in_the_readme_tabl
     assert "`mmrl sweep --sft-model sft-a --seeds 0,1 --set model=tiny --out out`" in page and "/x/" not in page
     assert "| end (step 110, mean of the last 3 evals), greedy | 0.900 / 0.950 / 1.000 (3 runs) |" in page
     assert "| 110 | 0.900 | 0.950 | 1.000 |" in page
+    assert "| gain within 30 minutes (its last eval less the start) | +0.400 / +0.450 / +0.500 (3 runs) |" in page
+    assert "| gain held out (the end less the start) | +0.400 / +0.450 / +0.500 (3 runs) |" in page
+    assert "| held out at the start, greedy | 0.450 / 0.450 / 0.450 (3 runs) |" in page
     readme = (tmp_path / "README.md").read_text()
     table = readme[readme.index(README_BEGIN):readme.index(README_END)]
     assert "| SFT start, greedy solve rate | 0.500 (700 updates, 2,000 s) |" in table

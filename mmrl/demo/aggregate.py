@@ -1,7 +1,7 @@
 """A sweep's runs as one distribution: per eval step the worst, mean and best greedy solve rate, and per
 figure of a run (the end as the mean of its last evals, the last eval within the time budget and its
-gain over the start, held out) the worst, mean and best over the runs. Pure functions over the runs'
-summaries and curves."""
+gain over the start, the held-out set at the start and at the end and that gain) the worst, mean and
+best over the runs. Pure functions over the runs' summaries and curves."""
 
 from __future__ import annotations
 
@@ -12,15 +12,20 @@ from typing import Any
 from mmrl.report.plots import write_json
 
 FIGURES = ("start_solve_rate", "end_solve_rate", "end_solve_rate_last3", "within_budget_solve_rate",
-           "within_budget_gain", "held_out_solve_rate")
+           "within_budget_gain", "held_out_start_solve_rate", "held_out_solve_rate", "held_out_gain")
+GAINS = ("within_budget_gain", "held_out_gain")  # printed with their sign
+
+
+def _less(end: Any, start: Any) -> float | None:
+    return float(end) - float(start) if end is not None and start is not None else None
 
 
 def with_gain(run: dict[str, Any]) -> dict[str, Any]:
-    """`run` with `within_budget_gain`: its last greedy eval within the time budget less its start (None
-    without either)."""
-    within, start = run.get("within_budget_solve_rate"), run.get("start_solve_rate")
-    gain = float(within) - float(start) if within is not None and start is not None else None
-    return {**run, "within_budget_gain": gain}
+    """`run` with its gains: `within_budget_gain`, its last greedy eval within the time budget less its
+    start, and `held_out_gain`, the held-out set's greedy rate after the last step less the start's (each
+    None without either side)."""
+    return {**run, "within_budget_gain": _less(run.get("within_budget_solve_rate"), run.get("start_solve_rate")),
+            "held_out_gain": _less(run.get("held_out_solve_rate"), run.get("held_out_start_solve_rate"))}
 
 
 def spread(values: list[float]) -> dict[str, float] | None:
@@ -99,10 +104,11 @@ def write_sweep(out: Path, result: dict[str, Any], summaries: list[dict[str, Any
 def figure_lines(figures: dict[str, Any]) -> list[str]:
     """A sweep's headline figures, a line each: worst, mean and best over its runs."""
     lines = []
-    for name in ("end_solve_rate_last3", "within_budget_solve_rate", "within_budget_gain", "held_out_solve_rate"):
+    for name in ("end_solve_rate_last3", "within_budget_solve_rate", "within_budget_gain", "held_out_solve_rate",
+                 "held_out_gain"):
         if figures.get(name):
             f = figures[name]
-            fmt = "+.3f" if name == "within_budget_gain" else ".3f"  # a gain carries its sign
+            fmt = "+.3f" if name in GAINS else ".3f"  # a gain carries its sign
             lines.append(f"{name}: worst {f['worst']:{fmt}}, mean {f['mean']:{fmt}}, best {f['best']:{fmt}} "
                          f"over {f['num']} runs")
     return lines

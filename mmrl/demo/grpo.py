@@ -6,7 +6,9 @@ The summary's figures (docs/results.md reads them):
   `end_solve_rate_last3`: the mean of the last three evals (one eval of 64 tasks swings by about 0.08
   between neighbouring steps, the mean of three by less);
 - `within_budget_*`: the last eval whose GRPO steps and evals ended within `budget_min` minutes;
-- `held_out_solve_rate`: greedy on the run's `eval.held_out_set` after the last step (or None);
+- `held_out_start_solve_rate`, `held_out_solve_rate`: greedy on the run's `eval.held_out_set` at step 0
+  and after the last step (or None); played apart from the fixed set's evals and outside the budget
+  (`held_out_eval_s`), they measure the gain with more tasks than the fixed set, on tasks it never chose;
 - `machine`: where it ran (mmrl/report/machine.py).
 """
 
@@ -94,8 +96,9 @@ def run_grpo(api: ApiClient, config: dict[str, Any], out: Path, shared_root: Pat
         "end_solve_rate": evals[-1]["greedy_solve_rate"] if evals else None,
         "end_step": evals[-1]["step"] if evals else None,
         "end_solve_rate_last3": mean_of_last(evals),
-        "held_out_set": evals[-1].get("held_out_set") if evals else None,
-        "held_out_solve_rate": evals[-1].get("held_out_solve_rate") if evals else None,
+        "held_out_set": evals[0].get("held_out_set") if evals else None,
+        "held_out_start_solve_rate": evals[0].get("held_out_solve_rate") if evals else None,
+        "held_out_solve_rate": evals[-1].get("held_out_solve_rate") if len(evals) > 1 else None,
     }
     if final["state"] != "succeeded" or not evals:
         write_json(out / "summary.json", summary)
@@ -146,4 +149,6 @@ def print_summary(summary: dict[str, Any], budget_min: float) -> None:
         print(f"within {budget_min:g} min of GRPO: {summary['within_budget_solve_rate']:.3f} at step "
               f"{summary['within_budget_step']} ({summary['within_budget_grpo_s']:.0f} s of steps and evals)")
     if summary.get("held_out_solve_rate") is not None:
-        print(f"held out ({summary['held_out_set']}): {summary['held_out_solve_rate']:.3f} after the last step")
+        start = summary.get("held_out_start_solve_rate")
+        print(f"held out ({summary['held_out_set']}): " + (f"{start:.3f} at step 0 -> " if start is not None else "")
+              + f"{summary['held_out_solve_rate']:.3f} after the last step")

@@ -73,7 +73,8 @@ def result_rows(summary: dict[str, Any], curve: dict[str, Any]) -> list[tuple[st
     sampled = _from_to(summary.get("start_sampled_solve_rate"), summary.get("end_sampled_solve_rate"))
     if sampled:
         rows.append(("sampled solve rate, start -> end", sampled))
-    held_out = _from_to(summary.get("held_out_start_solve_rate"), summary.get("held_out_end_solve_rate"))
+    held_out = _from_to(summary.get("held_out_start_solve_rate"),
+                        summary.get("held_out_end_solve_rate", summary.get("held_out_solve_rate")))
     if held_out:
         mazes = summary.get("held_out_mazes")
         rows.append((f"held out{f' ({mazes} mazes never trained on)' if mazes else ''}, start -> end", held_out))
@@ -88,11 +89,11 @@ def machine_text(machine: Any) -> str:
     return describe(machine) if isinstance(machine, dict) else str(machine)
 
 
-def _spread(figure: dict[str, Any] | None) -> str | None:
+def _spread(figure: dict[str, Any] | None, signed: bool = False) -> str | None:
     if not figure:
         return None
-    return (f"{_rate(figure['worst'])} / {_rate(figure['mean'])} / {_rate(figure['best'])} "
-            f"({figure['num']} runs)")
+    text = (lambda v: f"{v:+.3f}") if signed else _rate  # a gain carries its sign
+    return f"{text(figure['worst'])} / {text(figure['mean'])} / {text(figure['best'])} ({figure['num']} runs)"
 
 
 def _budget(record: dict[str, Any]) -> str:
@@ -108,8 +109,11 @@ def sweep_rows(sweep: dict[str, Any]) -> list[tuple[str, str]]:
     named = [("start (step 0), greedy", "start_solve_rate"),
              (f"end (step {steps}, mean of the last 3 evals), greedy", "end_solve_rate_last3"),
              (f"last eval within {budget} minutes of GRPO, greedy", "within_budget_solve_rate"),
-             ("held out at the end, greedy", "held_out_solve_rate")]
-    rows = [(what, text) for what, key in named if (text := _spread(figures.get(key)))]
+             ("held out at the start, greedy", "held_out_start_solve_rate"),
+             ("held out at the end, greedy", "held_out_solve_rate"),
+             (f"gain within {budget} minutes (its last eval less the start)", "within_budget_gain"),
+             ("gain held out (the end less the start)", "held_out_gain")]
+    rows = [(what, text) for what, key in named if (text := _spread(figures.get(key), signed=key.endswith("gain")))]
     if sweep.get("mean_step_s"):
         rows.append(("time per GRPO step (mean over runs)", f"{float(sweep['mean_step_s']):.1f} s"))
     if sweep.get("machine"):

@@ -150,9 +150,10 @@ class EvalSettings(_Strict):
     sampled_temperature: float = Field(1.0, gt=0.0, le=2.0, description="Temperature of sampled eval.")
     save_frames: bool = Field(True, description="Write greedy eval episodes' frames to shared storage.")
     held_out_set: str = Field(
-        "", description="An eval set of the environment played greedily once more after the last step, e.g. "
-                        "tasks no training plays outside the fixed set (maze-held-out-256); its rate is the last "
-                        "eval's held_out_solve_rate ('' = none).")
+        "", description="An eval set of the environment played greedily by the start (with the step-0 eval) and "
+                        "by the final policy (after the last step), e.g. tasks no training plays outside the fixed "
+                        "set (maze-held-out-256); the rate is those evals' held_out_solve_rate, its time their "
+                        "held_out_eval_s, apart from eval_s ('' = none).")
 
 
 class FrameSettings(_Strict):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mmrl.demo.aggregate import aggregate, band, plot_band, spread
+from mmrl.demo.aggregate import aggregate, band, figure_lines, plot_band, spread
 from mmrl.demo.grpo import mean_of_last
 from mmrl.report.machine import cpu_model, describe, kernel_flags, machine_info
 
@@ -50,6 +50,20 @@ def test_the_gain_is_the_last_eval_within_the_budget_less_the_start_of_each_run(
     result = aggregate(runs, [_curve([0.25])] * 4)
     assert [r["within_budget_gain"] for r in result["runs"]] == [0.25, -0.125, None, 0.75]
     assert result["figures"]["within_budget_gain"] == {"worst": -0.125, "mean": 0.0625, "best": 0.25, "num": 2}
+
+
+def test_the_held_out_gain_is_the_held_out_end_less_the_held_out_start() -> None:
+    runs = [
+        {"seed": 0, "state": "succeeded", "held_out_start_solve_rate": 0.3, "held_out_solve_rate": 0.55},
+        {"seed": 1, "state": "succeeded", "held_out_start_solve_rate": 0.3, "held_out_solve_rate": 0.25},
+        {"seed": 2, "state": "succeeded", "held_out_solve_rate": 0.5},  # a run that did not play it at step 0
+    ]
+    result = aggregate(runs, [_curve([0.25])] * 3)
+    assert [r["held_out_gain"] for r in result["runs"]] == [pytest.approx(0.25), pytest.approx(-0.05), None]
+    assert result["figures"]["held_out_gain"] == {"worst": pytest.approx(-0.05), "mean": pytest.approx(0.1),
+                                                  "best": pytest.approx(0.25), "num": 2}
+    assert result["figures"]["held_out_start_solve_rate"]["num"] == 2
+    assert "held_out_gain: worst -0.050, mean +0.100, best +0.250 over 2 runs" in figure_lines(result["figures"])
 
 
 def test_the_end_figure_averages_the_last_three_evals() -> None:

@@ -96,10 +96,11 @@ def test_a_short_grpo_run_publishes_loads_and_records_everything(stack: Stack, t
     evals = api.request("GET", f"/v1/runs/{run_id}/evals")["evals"]
     assert [e["step"] for e in evals] == [0, 3]
     assert [e["adapter_version"] for e in evals] == [0, published[-1]]  # the last eval played the final version
-    # After the last step, the held-out set is played once more by the final policy.
-    assert "held_out_solve_rate" not in evals[0]
-    assert evals[1]["held_out_set"] == "maze-held-out-256" and evals[1]["held_out_episodes"] == 256
-    assert 0.0 <= evals[1]["held_out_solve_rate"] <= 1.0
+    # The held-out set is played by the start (with the step-0 eval) and by the final policy, its time
+    # kept apart from the fixed set's eval_s, which the demo's time budget counts.
+    for e in evals:
+        assert e["held_out_set"] == "maze-held-out-256" and e["held_out_episodes"] == 256
+        assert 0.0 <= e["held_out_solve_rate"] <= 1.0 and e["held_out_eval_s"] > 0 and e["eval_s"] > 0
     # One sampled episode per maze: solved by at least one is solved.
     assert all(e["sampled_pass_rate"] == e["sampled_solve_rate"] for e in evals)
     for e in evals:  # the greedy solve rate is that of the greedy episodes recorded with the eval
