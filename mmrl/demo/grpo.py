@@ -7,8 +7,8 @@ The summary's figures (docs/results.md reads them):
   between neighbouring steps, the mean of three by less);
 - `within_budget_*`: the last eval whose GRPO steps and evals ended within `budget_min` minutes;
 - `held_out_start_solve_rate`, `held_out_solve_rate`: greedy on the run's `eval.held_out_set` at step 0
-  and after the last step (or None); played apart from the fixed set's evals and outside the budget
-  (`held_out_eval_s`), they measure the gain with more tasks than the fixed set, on tasks it never chose;
+  and after the last step (or None), a second measure of the gain on tasks outside the fixed set; their
+  time (`held_out_eval_s`) is not part of the budget;
 - `machine`: where it ran (mmrl/report/machine.py).
 """
 
