@@ -10,7 +10,8 @@ from PIL import Image, ImageDraw
 
 
 def learning_curve(evals: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> dict[str, Any]:
-    """step -> eval solve rates and the GRPO seconds spent by then, and step -> mean training reward."""
+    """step -> eval solve rates and the GRPO seconds spent by then, and step -> mean training reward
+    (of the groups trained on) and the solve rate of every episode played (None before it was kept)."""
     spent = grpo_seconds(evals, metrics)
     return {
         "eval": [
@@ -25,6 +26,7 @@ def learning_curve(evals: list[dict[str, Any]], metrics: list[dict[str, Any]]) -
         ],
         "train": [
             {"step": m["step"], "reward_mean": m["reward/mean"], "step_s": m.get("time/step_s"),
+             "played_solve_rate": m.get("episodes/played_solve_rate"),
              "groups_informative": m.get("groups/num_informative"), "groups_dropped": m.get("groups/num_dropped")}
             for m in metrics
         ],

@@ -91,10 +91,18 @@ class GrpoSettings(_Strict):
                     "info.invalid: e.g. two moves run together, 'downright'), whatever the episode's reward "
                     "(0 = off).",
     )
+    revisit_penalty: float = Field(
+        0.0, ge=0.0, le=10.0,
+        description="Subtracted from the advantage of every turn after which the episode was back at an "
+                    "observation it had already seen (a no-op such as a wall bump, or the move that closes a "
+                    "loop), whatever the episode's reward: a policy that sees the current frame alone "
+                    "(history_window 0) plays greedily the same way round again (0 = off).",
+    )
     group_sampling: str = Field(
         "plain", description="Which played groups a step trains on (services/coordinator/grpo/sampling.py): "
-                             "'plain' (one round, all of them) or 'dynamic' (DAPO: groups whose returns are all "
-                             "equal are replaced by fresh tasks).")
+                             "'plain' (one round, all of them) or 'dynamic' (DAPO: groups that carry no gradient, "
+                             "their returns all equal and no penalty taken off a turn, are replaced by fresh "
+                             "tasks).")
     max_sampling_rounds: int = Field(
         3, ge=1, le=32, description="With group_sampling 'dynamic': at most this many rounds of play per step."
     )

@@ -27,7 +27,8 @@ def _frames(directory: Path, count: int) -> list[str]:
 
 
 def _step_metrics(step: int) -> dict[str, Any]:
-    return {"step": step, "reward/mean": 0.1 * step, "train/solve_rate": 0.05 * step, "train/loss": None,
+    return {"step": step, "reward/mean": 0.1 * step, "train/solve_rate": 0.05 * step,
+            "episodes/played_solve_rate": 0.02 * step, "train/loss": None,
             "train/grad_norm": 2.0, "train/skipped": False, "time/rollout_s": 1.5, "time/train_s": 0.5,
             "time/sync_s": 0.2, "time/env_s": 0.1, "time/step_s": 2.4}
 
@@ -123,6 +124,7 @@ async def test_coordinator_metrics_hold_run_states_newest_values_and_phase_histo
     assert samples[("mmrl_run_step", (rid,))] == 1
     assert samples[("mmrl_run_reward_mean", (rid,))] == 0.1
     assert samples[("mmrl_run_train_solve_rate", (rid,))] == 0.05
+    assert samples[("mmrl_run_played_solve_rate", (rid,))] == 0.02
     assert samples[("mmrl_run_eval_greedy_solve_rate", (rid,))] == 0.5
     assert samples[("mmrl_run_eval_sampled_solve_rate", (rid,))] == 0.25
     for phase, seconds in (("rollout", 1.5), ("train", 0.5), ("sync", 0.2), ("env", 0.1), ("eval", 4.0)):

@@ -1,6 +1,6 @@
 """Advantages of a group of played episodes, per turn and per token (`credit.turn_advantages`,
 `trajectories.to_trajectories`): the registered variants (episode-level GRPO, GiGPO's step-level
-term on the env's state keys), per-turn rewards, and the invalid-action penalty."""
+term on the env's state keys), per-turn rewards, and the invalid-action and revisit penalties."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from services.common.conversation import TokenConversation
 from services.coordinator.config import GrpoSettings
 from services.coordinator.grpo import credit, trajectories
-from services.coordinator.grpo.advantages import noop_turns
+from services.coordinator.grpo.advantages import noop_turns, revisit_turns
 from services.coordinator.grpo.episodes import EpisodeResult, invalid_fraction, observation_key
 from services.coordinator.ops.wire import TaskSpec
 from tests.coordinator.chat import CHAT, CharTokenizer
@@ -121,6 +121,40 @@ def test_the_invalid_penalty_lowers_only_the_turns_the_env_could_not_read() -> N
     assert credit.turn_advantages(group, _grpo()) == [[0.5] * 3, [-0.5] * 2]
     assert credit.turn_advantages(group, _grpo(invalid_penalty=1.0)) == [[-0.5, 0.5, 0.5], [-0.5, -0.5]]
     assert invalid_fraction(group) == pytest.approx(1 / 5)
+
+
+def test_revisit_turns_are_no_ops_and_the_moves_that_close_a_loop() -> None:
+    keys = ["A", "A", "B", "C", "B", "D", "A"]
+    # A->A no-op; A->B, B->C new; C->B back at B; B->D new; D->A back at A; the last ended.
+    assert revisit_turns(keys, 7) == [True, False, False, True, False, True, False]
+    assert revisit_turns(keys, 6) == [True, False, False, True, False, True]  # cut: the seventh key is its next
+    with pytest.raises(ValueError, match="observations for"):
+        revisit_turns(keys, 5)
+
+
+def test_the_revisit_penalty_lowers_only_the_turns_that_come_back() -> None:
+    # The first solves after a wall bump and a step back to its start; the second fails without looping.
+    winner = _episode([b"A", b"A", b"B", b"A", b"B", b"C"], 1.0)
+    group = [winner, _episode([b"A", b"C"], 0.0)]
+    assert credit.turn_advantages(group, _grpo()) == [[0.5] * 6, [-0.5] * 2]
+    # Turn 0 (A->A), turn 2 (B->A) and turn 3 (A->B, seen) come back; the winner's last turn ended it.
+    assert credit.turn_advantages(group, _grpo(revisit_penalty=1.0)) == [
+        [-0.5, 0.5, -0.5, -0.5, 0.5, 0.5], [-0.5, -0.5]]
+    # Under GiGPO too, the penalty comes off the variant's advantages.
+    plain, penalised = (credit.turn_advantages(group, _grpo(credit="gigpo", revisit_penalty=p)) for p in (0.0, 0.25))
+    assert [a - b for a, b in zip(plain[0], penalised[0], strict=True)] == [0.25, 0.0, 0.25, 0.25, 0.0, 0.0]
+    assert penalised[1] == plain[1]
+
+
+def test_dynamic_sampling_keeps_a_group_of_equal_returns_that_a_penalty_gives_a_gradient() -> None:
+    from services.coordinator.grpo.sampling import STRATEGIES
+
+    keeps = STRATEGIES["dynamic"].keeps
+    looping = [_episode([b"A", b"B", b"A", b"C"], 0.0), _episode([b"A", b"C"], 0.0)]  # both fail
+    assert not keeps(looping, _grpo()) and not credit.carries_gradient(looping, _grpo())
+    assert keeps(looping, _grpo(revisit_penalty=0.5))
+    assert not keeps([_episode([b"A", b"C"], 0.0)] * 2, _grpo(revisit_penalty=0.5))  # nothing to penalise
+    assert keeps([_episode([b"A", b"C"], 1.0), _episode([b"A", b"C"], 0.0)], _grpo())
 
 
 def test_noop_fraction_counts_repeated_observations_over_all_turns() -> None:

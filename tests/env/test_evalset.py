@@ -56,8 +56,8 @@ def test_eval_sets_hold_distinct_layouts_that_training_never_plays(name: str) ->
     # set it keeps apart from).
     seeds = [spec.seed for spec in get_eval_set(name).specs]
     skipped = set(range(recipe.first_seed, seeds[-1])) - set(seeds)
-    apart = ({layout_key(spec.seed, int(recipe.options["size"])) for spec in get_eval_set(recipe.apart_from).specs}
-             if recipe.apart_from else set())
+    apart = {layout_key(spec.seed, int(recipe.options["size"]))
+             for other in recipe.apart_from for spec in get_eval_set(other).specs}
     assert all(not is_eval_layout(layout_key(s, int(recipe.options["size"]))) or layout_key(s, int(recipe.options["size"])) in {*keys, *apart}
                for s in skipped)
     assert not apart & set(keys)

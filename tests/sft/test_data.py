@@ -97,12 +97,12 @@ def test_detours_of_several_moves_lead_the_expert_data_off_the_path(tiny_model_d
 def test_sokoban_expert_data_solves_training_levels_never_in_an_eval_set(tiny_model_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    from services.env.sokoban.evalset import get_eval_set
+    from services.env.sokoban.evalset import RECIPES, get_eval_set
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     data = play_expert(SftConfig(**SOKOBAN, num_tasks=24), tokenizer, SokobanEnv())
     assert len(data) == 24  # the oracle solves every level
-    eval_seeds = {s.seed for name in ("sokoban-64", "sokoban-held-out-128") for s in get_eval_set(name).specs}
+    eval_seeds = {s.seed for name in RECIPES for s in get_eval_set(name).specs}
     seeds = {int(t.trajectory_id.removeprefix("sft-")) for t in data}
     assert len(seeds) == 24 and not seeds & eval_seeds and max(seeds) < 1_000_000
     trained = {tokenizer.decode([i]) for t in data for i, m in zip(t.token_ids, t.loss_mask, strict=True) if m}

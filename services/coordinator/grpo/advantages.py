@@ -96,6 +96,19 @@ def noop_turns(observation_keys: Sequence[Hashable], turns: int) -> list[bool]:
     return [t + 1 < len(observation_keys) and observation_keys[t + 1] == observation_keys[t] for t in range(turns)]
 
 
+def revisit_turns(observation_keys: Sequence[Hashable], turns: int) -> list[bool]:
+    """Per turn of an episode of `turns` turns, whether the observation after it is one the episode
+    had already seen: a no-op (`noop_turns`), or the move that closes a loop. A policy that sees the
+    current observation alone acts again as it did there, so such a move wastes the moves since."""
+    _check_observations(observation_keys, turns)
+    seen: set[Hashable] = set()
+    revisits = []
+    for t in range(turns):
+        seen.add(observation_keys[t])
+        revisits.append(t + 1 < len(observation_keys) and observation_keys[t + 1] in seen)
+    return revisits
+
+
 def is_informative(rewards: Sequence[float]) -> bool:
     """False when every reward in the group is equal (all advantages are zero)."""
     return max(rewards) - min(rewards) > 1e-12

@@ -9,7 +9,8 @@ refused with the setting named).
 - `gigpo`: GRPO plus `grpo.step_advantage_weight` times the step-level advantage among the group's
   turns taken from the same environment state (the env's state keys), on returns-to-go.
 Whatever the variant, `grpo.invalid_penalty` is then taken off every turn whose action the env
-could not read (its info.invalid).
+could not read (its info.invalid), and `grpo.revisit_penalty` off every turn after which the episode
+was back at an observation it had seen (a no-op, or the move that closes a loop).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from services.coordinator.grpo.advantages import (
     discounted_return,
     group_advantages,
     returns_to_go,
+    revisit_turns,
     step_advantages,
 )
 from services.coordinator.grpo.episodes import EpisodeResult
@@ -41,6 +43,8 @@ class CreditSettings(Protocol):
     def step_advantage_weight(self) -> float: ...
     @property
     def invalid_penalty(self) -> float: ...
+    @property
+    def revisit_penalty(self) -> float: ...
 
 
 Assign = Callable[[list[EpisodeResult], CreditSettings], list[list[float]]]
@@ -83,11 +87,21 @@ def gigpo(group: list[EpisodeResult], settings: CreditSettings) -> list[list[flo
     return [[a + weight * s for a, s in zip(b, st, strict=True)] for b, st in zip(base, steps, strict=True)]
 
 
+def carries_gradient(group: list[EpisodeResult], settings: CreditSettings) -> bool:
+    """Whether any turn of the group has a nonzero advantage: returns that differ, or a penalty
+    taken off turns of a group whose returns are all equal."""
+    return any(a != 0.0 for turns in turn_advantages(group, settings) for a in turns)
+
+
 def turn_advantages(group: list[EpisodeResult], settings: CreditSettings) -> list[list[float]]:
     """Per episode of the group, the advantage of each turn (the run's variant, then the
-    invalid-action penalty)."""
+    invalid-action and revisit penalties)."""
     per_turn = VARIANTS[settings.credit].assign(group, settings)
     if settings.invalid_penalty != 0.0:
         per_turn = [[a - settings.invalid_penalty * bad for a, bad in zip(turns, e.invalid_turns, strict=True)]
+                    for turns, e in zip(per_turn, group, strict=True)]
+    if settings.revisit_penalty != 0.0:
+        per_turn = [[a - settings.revisit_penalty * back
+                     for a, back in zip(turns, revisit_turns(e.observations, len(e.actions)), strict=True)]
                     for turns, e in zip(per_turn, group, strict=True)]
     return per_turn

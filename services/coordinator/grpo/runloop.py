@@ -232,14 +232,18 @@ async def train_step(ctx: RunContext, trajectories: list[Trajectory], timers: Ti
 def step_metrics(cfg: RunConfig, step: int, sampled: SampledStep, trajectories: list[Trajectory],
                  train: TrainResult, sampled_with: int, published: int) -> dict[str, Any]:
     """The step's record: rewards and episodes, groups, tokens, adapter versions, the learner's
-    metrics (train/*) and the time spent on each service (time/*_s)."""
+    metrics (train/*) and the time spent on each service (time/*_s). `reward/mean` and
+    `train/solve_rate` are over the groups trained on, which dynamic sampling picks for their mixed
+    outcomes; `episodes/played_solve_rate` is over every episode played, so it follows the policy."""
     flat = [e for group in sampled.groups for e in group]
+    played = sampled.played
     return {
         "step": step,
         "reward/mean": sum(e.reward for e in flat) / len(flat),
         "train/solve_rate": sum(e.solved for e in flat) / len(flat),
         "episodes/num": len(flat),
         "episodes/num_played": sampled.num_played,
+        "episodes/played_solve_rate": sum(e.solved for e in played) / len(played),
         "episodes/turns_mean": sum(len(e.actions) for e in flat) / len(flat),
         "episodes/noop_fraction": noop_fraction(flat),
         "episodes/invalid_fraction": invalid_fraction(flat),
@@ -270,6 +274,11 @@ class SampledStep:
     @property
     def num_dropped(self) -> int:
         return len(self.dropped)
+
+    @property
+    def played(self) -> list[EpisodeResult]:
+        """Every episode of the step, trained on or dropped: fresh tasks, none chosen by outcome."""
+        return [e for group in (*self.groups, *self.dropped) for e in group]
 
 
 @tracing.traced("sample")

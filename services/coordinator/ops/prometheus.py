@@ -42,7 +42,9 @@ def record_eval(run_id: str, summary: dict[str, Any]) -> None:
 # Scrape-time gauges: (name, help, where the value comes from: "step" metrics or "eval" summary, key).
 RUN_GAUGES = (
     ("mmrl_run_reward_mean", "Mean reward of the newest step", "step", "reward/mean"),
-    ("mmrl_run_train_solve_rate", "Share of the newest step's training episodes solved", "step", "train/solve_rate"),
+    ("mmrl_run_train_solve_rate", "Share of the newest step's trained-on episodes solved", "step", "train/solve_rate"),
+    ("mmrl_run_played_solve_rate", "Share of every episode the newest step played solved, dropped groups too",
+     "step", "episodes/played_solve_rate"),
     ("mmrl_run_eval_greedy_solve_rate", "Greedy solve rate of the newest eval", "eval", "greedy_solve_rate"),
     ("mmrl_run_eval_sampled_solve_rate", "Sampled solve rate of the newest eval", "eval", "sampled_solve_rate"),
 )

@@ -41,7 +41,7 @@ def hash_tasks(specs: Sequence[TaskSpec], task_text: Callable[[TaskSpec], str]) 
 @dataclass(frozen=True)
 class Recipe:
     """How an eval set is drawn: the first `num_tasks` eval-range seeds from `first_seed` whose tasks
-    (with `options`) are reserved for eval, distinct, and not in the set `apart_from` names."""
+    (with `options`) are reserved for eval, distinct, and in none of the sets `apart_from` names."""
 
     version: str
     first_seed: int
@@ -49,7 +49,7 @@ class Recipe:
     max_moves: int
     options: Mapping[str, str]
     recorded_hash: str
-    apart_from: str = ""
+    apart_from: tuple[str, ...] = ()
 
 
 def build_eval_set(name: str, recipes: Mapping[str, Recipe], get: Callable[[str], EvalSet],
@@ -57,7 +57,7 @@ def build_eval_set(name: str, recipes: Mapping[str, Recipe], get: Callable[[str]
     """The eval set `name` of `recipes` (KeyError for another name is the caller's `recipe_named`):
     its tasks' keys (`task_key`) decide what is reserved and distinct, their text (`task_text`) the hash."""
     recipe = recipes[name]
-    exclude = frozenset(task_key(spec) for spec in get(recipe.apart_from).specs) if recipe.apart_from else frozenset()
+    exclude = frozenset(task_key(spec) for other in recipe.apart_from for spec in get(other).specs)
 
     def spec_of(seed: int) -> TaskSpec:
         return TaskSpec(seed=seed, max_moves=recipe.max_moves, options=dict(recipe.options))

@@ -46,7 +46,7 @@ RECIPES: dict[str, Recipe] = {
         recorded_hash="6675f417c666bb6650d19349b8da6e8a342d85a597c226734aa3ffb21812909c",
     ),
     "maze-held-out-256": Recipe(
-        version="v2", first_seed=1_900_000, num_tasks=256, max_moves=20, options=_maze(9), apart_from="maze-easy-64",
+        version="v2", first_seed=1_900_000, num_tasks=256, max_moves=20, options=_maze(9), apart_from=("maze-easy-64",),
         recorded_hash="103ca109588fcbd5f29b3c13e4501b375dff4d8573b05ecbcbf7340c15cfa63c",
     ),
 }

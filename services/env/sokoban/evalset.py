@@ -36,7 +36,12 @@ RECIPES: dict[str, Recipe] = {
     ),
     "sokoban-held-out-128": Recipe(
         version="v1", first_seed=1_900_000, num_tasks=128, max_moves=20, options=task_options(5, 4),
-        recorded_hash="4c80189935bd09738da205aab03d982e157bb80c4176842989b844ac2750aec9", apart_from="sokoban-64",
+        recorded_hash="4c80189935bd09738da205aab03d982e157bb80c4176842989b844ac2750aec9", apart_from=("sokoban-64",),
+    ),
+    "sokoban-held-out-512": Recipe(
+        version="v1", first_seed=1_500_000, num_tasks=512, max_moves=20, options=task_options(5, 4),
+        recorded_hash="574583c4a5f64dc19fc47ea53cccad71e647fda93a9bef38c904276f3bbe5ce3",
+        apart_from=("sokoban-64", "sokoban-held-out-128"),
     ),
 }
 

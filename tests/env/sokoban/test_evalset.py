@@ -23,14 +23,15 @@ def test_every_eval_set_has_its_recorded_content_hash() -> None:
         assert len(eval_set.specs) == recipe.num_tasks
 
 
-def test_eval_levels_are_reserved_distinct_from_eval_seeds_and_the_held_out_set_is_apart() -> None:
-    fixed, held_out = get_eval_set(""), get_eval_set("sokoban-held-out-128")
+def test_eval_levels_are_reserved_distinct_from_eval_seeds_and_the_held_out_sets_are_apart() -> None:
+    fixed, held_out, large = (get_eval_set(name) for name in ("", "sokoban-held-out-128", "sokoban-held-out-512"))
     assert fixed.name == "sokoban-64"
-    for eval_set in (fixed, held_out):
+    for eval_set in (fixed, held_out, large):
         assert all(is_eval_seed(spec.seed) for spec in eval_set.specs)
         keys = _keys(eval_set.specs)
         assert len(keys) == len(eval_set.specs) and all(is_eval_level(key) for key in keys)
     assert not _keys(fixed.specs) & _keys(held_out.specs)
+    assert not _keys(large.specs) & (_keys(fixed.specs) | _keys(held_out.specs))
 
 
 def test_training_tasks_are_deterministic_distinct_and_never_an_eval_level() -> None:
@@ -41,5 +42,5 @@ def test_training_tasks_are_deterministic_distinct_and_never_an_eval_level() -> 
     keys = _keys(tasks)
     assert len(keys) == 256 and not any(is_eval_level(key) for key in keys)
     assert all(spec.seed < 1_000_000 and spec.max_moves == 20 for spec in tasks)
-    eval_keys = _keys(get_eval_set("").specs) | _keys(get_eval_set("sokoban-held-out-128").specs)
+    eval_keys = set().union(*(_keys(get_eval_set(name).specs) for name in RECIPES))
     assert not keys & eval_keys

@@ -22,7 +22,7 @@ async def _play(stub: env_pb2_grpc.EnvServiceStub) -> None:
     info = await stub.GetEnvInfo(env_pb2.GetEnvInfoRequest())
     assert info.name == "sokoban" and list(info.actions) == ["up", "down", "left", "right"]
     assert set(info.capabilities) == {"state_keys", "oracle"}
-    assert list(info.eval_sets) == ["sokoban-64", "sokoban-held-out-128"]
+    assert list(info.eval_sets) == ["sokoban-64", "sokoban-held-out-128", "sokoban-held-out-512"]
     eval_set = await stub.GetEvalSet(env_pb2.GetEvalSetRequest())
     tasks = await stub.GetTrainingTasks(env_pb2.GetTrainingTasksRequest(seed="s", count=64, max_moves=20))
     assert len(tasks.specs) == 64
