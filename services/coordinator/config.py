@@ -100,9 +100,8 @@ class GrpoSettings(_Strict):
     )
     group_sampling: str = Field(
         "plain", description="Which played groups a step trains on (services/coordinator/grpo/sampling.py): "
-                             "'plain' (one round, all of them) or 'dynamic' (DAPO: groups that carry no gradient, "
-                             "their returns all equal and no penalty taken off a turn, are replaced by fresh "
-                             "tasks).")
+                             "'plain' (one round, all of them) or 'dynamic' (DAPO: groups whose returns are all "
+                             "equal are replaced by fresh tasks).")
     max_sampling_rounds: int = Field(
         3, ge=1, le=32, description="With group_sampling 'dynamic': at most this many rounds of play per step."
     )

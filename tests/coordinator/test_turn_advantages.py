@@ -146,15 +146,15 @@ def test_the_revisit_penalty_lowers_only_the_turns_that_come_back() -> None:
     assert penalised[1] == plain[1]
 
 
-def test_dynamic_sampling_keeps_a_group_of_equal_returns_that_a_penalty_gives_a_gradient() -> None:
+def test_dynamic_sampling_keeps_groups_by_their_returns_not_by_a_penalty() -> None:
     from services.coordinator.grpo.sampling import STRATEGIES
 
     keeps = STRATEGIES["dynamic"].keeps
     looping = [_episode([b"A", b"B", b"A", b"C"], 0.0), _episode([b"A", b"C"], 0.0)]  # both fail
-    assert not keeps(looping, _grpo()) and not credit.carries_gradient(looping, _grpo())
-    assert keeps(looping, _grpo(revisit_penalty=0.5))
-    assert not keeps([_episode([b"A", b"C"], 0.0)] * 2, _grpo(revisit_penalty=0.5))  # nothing to penalise
-    assert keeps([_episode([b"A", b"C"], 1.0), _episode([b"A", b"C"], 0.0)], _grpo())
+    settings = _grpo(revisit_penalty=0.5)
+    assert credit.turn_advantages(looping, settings)[0] == [0.0, -0.5, 0.0, 0.0]
+    assert not keeps(looping, settings)  # a penalty alone does not earn a group its slot in the batch
+    assert keeps([_episode([b"A", b"C"], 1.0), _episode([b"A", b"C"], 0.0)], settings)
 
 
 def test_noop_fraction_counts_repeated_observations_over_all_turns() -> None:

@@ -87,12 +87,6 @@ def gigpo(group: list[EpisodeResult], settings: CreditSettings) -> list[list[flo
     return [[a + weight * s for a, s in zip(b, st, strict=True)] for b, st in zip(base, steps, strict=True)]
 
 
-def carries_gradient(group: list[EpisodeResult], settings: CreditSettings) -> bool:
-    """Whether any turn of the group has a nonzero advantage: returns that differ, or a penalty
-    taken off turns of a group whose returns are all equal."""
-    return any(a != 0.0 for turns in turn_advantages(group, settings) for a in turns)
-
-
 def turn_advantages(group: list[EpisodeResult], settings: CreditSettings) -> list[list[float]]:
     """Per episode of the group, the advantage of each turn (the run's variant, then the
     invalid-action and revisit penalties)."""

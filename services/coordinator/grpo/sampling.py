@@ -2,8 +2,7 @@
 in the run config), as credit variants are (credit.py).
 
 - `plain`: one round of B tasks (`grpo.tasks_per_step`); every group is trained on.
-- `dynamic` (DAPO's dynamic sampling): a group whose turns' advantages are all zero (returns all
-  equal, and no penalty taken off any turn: credit.py) carries no gradient. Each
+- `dynamic` (DAPO's dynamic sampling): a group whose returns are all equal carries no gradient. Each
   round plays the tasks still needed plus `grpo.extra_tasks`; the informative groups fill the batch in
   play order, for at most `grpo.max_sampling_rounds` rounds; then uninformative groups of the last
   round fill what is left, so the batch is always full.
@@ -18,14 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.coordinator.grpo.credit import CreditSettings, carries_gradient
+from services.coordinator.grpo.advantages import is_informative
+from services.coordinator.grpo.credit import group_returns
 from services.coordinator.grpo.episodes import EpisodeResult
 
 
-class SamplingSettings(CreditSettings, Protocol):
-    """The settings a strategy reads (the run config's `grpo` section): credit's, to tell which
-    groups carry a gradient, and its own."""
+class SamplingSettings(Protocol):
+    """The settings a strategy reads (the run config's `grpo` section)."""
 
+    @property
+    def discount(self) -> float: ...
     @property
     def max_sampling_rounds(self) -> int: ...
     @property
@@ -47,6 +48,6 @@ STRATEGIES: dict[str, GroupSampling] = {
     "plain": GroupSampling(rounds=lambda s: 1, extra_tasks=lambda s: 0, keeps=lambda group, s: True),
     "dynamic": GroupSampling(
         rounds=lambda s: s.max_sampling_rounds, extra_tasks=lambda s: s.extra_tasks,
-        keeps=carries_gradient,
+        keeps=lambda group, s: is_informative(group_returns(group, s.discount)),
         uses=("max_sampling_rounds", "extra_tasks")),
 }
