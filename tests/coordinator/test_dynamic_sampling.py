@@ -68,7 +68,6 @@ def test_dropped_groups_are_replaced_by_a_later_round(monkeypatch: pytest.Monkey
     assert step.num_dropped == 2 and step.num_played == 12
     assert [group[0].group_index for group in step.dropped] == [1, 3]
     # The kept groups solve half their episodes; the dropped ones none: 4 of the 12 played.
-    assert len(step.played) == step.num_played
     assert sum(e.solved for e in step.played) == 4
 
 

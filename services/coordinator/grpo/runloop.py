@@ -268,7 +268,6 @@ class SampledStep:
     groups: list[list[EpisodeResult]]
     adapter_version: int
     dropped: list[list[EpisodeResult]]  # groups played but not trained on (all rewards equal)
-    num_played: int
     timers: Timers
 
     @property
@@ -279,6 +278,10 @@ class SampledStep:
     def played(self) -> list[EpisodeResult]:
         """Every episode of the step, trained on or dropped: fresh tasks, none chosen by outcome."""
         return [e for group in (*self.groups, *self.dropped) for e in group]
+
+    @property
+    def num_played(self) -> int:
+        return len(self.played)
 
 
 @tracing.traced("sample")
@@ -294,7 +297,6 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
     groups: list[list[EpisodeResult]] = []
     passed_over: list[list[EpisodeResult]] = []
     dropped: list[list[EpisodeResult]] = []
-    num_played = 0
     prompting = Prompting(ctx.tokenizer, ctx.chat, cfg.system_prompt, cfg.history_window)
     rounds = strategy.rounds(cfg.grpo)
     for round_index in range(rounds):
@@ -306,7 +308,6 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
             specs, samples_per_spec=cfg.grpo.group_size, sampling=sampling, max_turns=cfg.turn_limit,
             seed=cfg.seed * 100_003 + step * 101 + round_index, greedy_per_spec=cfg.grpo.greedy_per_group,
             keep_frames=cfg.frames.train != "off"), timers)
-        num_played += len(episodes)
         kept: list[list[EpisodeResult]] = []
         passed_over = []
         for g in range(len(specs)):
@@ -320,8 +321,7 @@ async def sample_step(ctx: RunContext, step: int, adapter_version: int, sampling
     filler = wanted - len(groups)
     groups.extend(passed_over[:filler])  # no signal, but a full batch
     dropped.extend(passed_over[filler:])
-    return SampledStep(groups=groups, adapter_version=adapter_version, dropped=dropped,
-                       num_played=num_played, timers=timers)
+    return SampledStep(groups=groups, adapter_version=adapter_version, dropped=dropped, timers=timers)
 
 
 @tracing.traced("sync")
