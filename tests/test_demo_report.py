@@ -107,3 +107,23 @@ def test_a_run_that_ended_before_its_second_eval_has_no_held_out_end(monkeypatch
     evals = [{**_eval(0, 0.5, 3.0), "held_out_set": "maze-held-out-256", "held_out_solve_rate": 0.4}]
     summary = _summary(monkeypatch, tmp_path, evals, state="failed")
     assert summary["held_out_start_solve_rate"] == 0.4 and summary["held_out_solve_rate"] is None
+
+
+def test_the_summary_has_how_the_held_out_episodes_failed_at_the_start_and_at_the_end(monkeypatch, tmp_path) -> None:
+    def failed(stuck: float, cycling: float, other: float) -> dict[str, Any]:
+        return {"held_out_set": "sokoban-held-out-512", "held_out_solve_rate": 1 - stuck - cycling - other,
+                "held_out_failed_stuck": stuck, "held_out_failed_cycling": cycling, "held_out_failed_other": other}
+
+    evals = [{**_eval(0, 0.5, 3.0), **failed(0.25, 0.125, 0.125)}, _eval(2, 0.6, 4.0),
+             {**_eval(4, 0.7, 5.0), **failed(0.125, 0.25, 0.0)}]
+    summary = _summary(monkeypatch, tmp_path, evals)
+    assert summary["held_out_start_failed"] == {"stuck": 0.25, "cycling": 0.125, "other": 0.125}
+    assert summary["held_out_failed"] == {"stuck": 0.125, "cycling": 0.25, "other": 0.0}
+    assert (summary["held_out_start_loops"], summary["held_out_loops"]) == (0.375, 0.375)
+
+
+def test_an_eval_without_the_held_out_modes_gives_no_loop_share(monkeypatch, tmp_path) -> None:
+    """A run recorded before the held-out evals kept their failure modes (or without a held-out set)."""
+    held_out = {"held_out_set": "maze-held-out-256", "held_out_solve_rate": 0.4}
+    summary = _summary(monkeypatch, tmp_path, [{**_eval(0, 0.5, 3.0), **held_out}, {**_eval(2, 0.6, 4.0), **held_out}])
+    assert summary["held_out_start_failed"] is None and summary["held_out_loops"] is None

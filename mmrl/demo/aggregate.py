@@ -1,7 +1,8 @@
 """A sweep's runs as one distribution: per eval step the worst, mean and best greedy solve rate, and per
 figure of a run (the end as the mean of its last evals, the last eval within the time budget and its
-gain over the start, the held-out set at the start and at the end and that gain) the worst, mean and
-best over the runs. Pure functions over the runs' summaries and curves."""
+gain over the start, the held-out set at the start and at the end, that gain and the share of the set
+failed in loops) the worst, mean and best over the runs. Pure functions over the runs' summaries and
+curves."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from typing import Any
 from mmrl.report.plots import write_json
 
 FIGURES = ("start_solve_rate", "end_solve_rate", "end_solve_rate_last3", "within_budget_solve_rate",
-           "within_budget_gain", "held_out_start_solve_rate", "held_out_solve_rate", "held_out_gain")
+           "within_budget_gain", "held_out_start_solve_rate", "held_out_solve_rate", "held_out_gain",
+           "held_out_start_loops", "held_out_loops")
 GAINS = ("within_budget_gain", "held_out_gain")  # printed with their sign
+LOWER_IS_BETTER = ("held_out_start_loops", "held_out_loops")  # worst is their highest
 
 
 def _less(end: Any, start: Any) -> float | None:
@@ -28,11 +31,17 @@ def with_gain(run: dict[str, Any]) -> dict[str, Any]:
             "held_out_gain": _less(run.get("held_out_solve_rate"), run.get("held_out_start_solve_rate"))}
 
 
-def spread(values: list[float]) -> dict[str, float] | None:
+def spread(values: list[float], lower_is_better: bool = False) -> dict[str, float] | None:
     """worst, mean and best of `values` (None when there are none)."""
     if not values:
         return None
-    return {"worst": min(values), "mean": sum(values) / len(values), "best": max(values), "num": len(values)}
+    worst, best = (max(values), min(values)) if lower_is_better else (min(values), max(values))
+    return {"worst": worst, "mean": sum(values) / len(values), "best": best, "num": len(values)}
+
+
+def figure_spread(runs: list[dict[str, Any]], name: str) -> dict[str, float] | None:
+    """The spread of figure `name` over the runs that have it."""
+    return spread([float(r[name]) for r in runs if r.get(name) is not None], name in LOWER_IS_BETTER)
 
 
 def band(curves: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -50,12 +59,11 @@ def aggregate(runs: list[dict[str, Any]], curves: list[dict[str, Any]]) -> dict[
     succeeded), `by_start` (the same per SFT start), and the runs in one line each."""
     runs = [with_gain(r) for r in runs]
     succeeded = [r for r in runs if r.get("state") == "succeeded"]
-    figures = {name: spread([float(r[name]) for r in succeeded if r.get(name) is not None]) for name in FIGURES}
+    figures = {name: figure_spread(succeeded, name) for name in FIGURES}
     starts: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for run in succeeded:
         starts[str(run.get("start", ""))].append(run)
-    by_start = {start: {name: spread([float(r[name]) for r in group if r.get(name) is not None])
-                        for name in FIGURES} for start, group in starts.items()}
+    by_start = {start: {name: figure_spread(group, name) for name in FIGURES} for start, group in starts.items()}
     steps = [float(r["mean_step_s"]) for r in succeeded if r.get("mean_step_s") is not None]
     return {
         "num_runs": len(runs), "num_succeeded": len(succeeded), "band": band(curves), "figures": figures,
@@ -105,7 +113,7 @@ def figure_lines(figures: dict[str, Any]) -> list[str]:
     """A sweep's headline figures, a line each: worst, mean and best over its runs."""
     lines = []
     for name in ("end_solve_rate_last3", "within_budget_solve_rate", "within_budget_gain", "held_out_solve_rate",
-                 "held_out_gain"):
+                 "held_out_gain", "held_out_loops"):
         if figures.get(name):
             f = figures[name]
             fmt = "+.3f" if name in GAINS else ".3f"  # a gain carries its sign

@@ -8,7 +8,9 @@ The summary's figures (docs/results.md reads them):
 - `within_budget_*`: the last eval whose GRPO steps and evals ended within `budget_min` minutes;
 - `held_out_start_solve_rate`, `held_out_solve_rate`: greedy on the run's `eval.held_out_set` at step 0
   and after the last step (or None), a second measure of the gain on tasks outside the fixed set; their
-  time (`held_out_eval_s`) is not part of the budget;
+  time (`held_out_eval_s`) is not part of the budget; `held_out_start_loops`, `held_out_loops`: the
+  share of those held-out tasks whose greedy episode failed in a loop (stuck or cycling), and
+  `held_out_start_failed`, `held_out_failed` each mode apart (docs/coordinator.md);
 - `machine`: where it ran (mmrl/report/machine.py).
 """
 
@@ -100,6 +102,10 @@ def run_grpo(api: ApiClient, config: dict[str, Any], out: Path, shared_root: Pat
         "held_out_start_solve_rate": evals[0].get("held_out_solve_rate") if evals else None,
         "held_out_solve_rate": evals[-1].get("held_out_solve_rate") if len(evals) > 1 else None,
     }
+    for key, point in (("held_out_start", evals[0] if evals else {}), ("held_out", evals[-1] if len(evals) > 1 else {})):
+        failed = held_out_failures(point)
+        summary[f"{key}_failed"] = failed
+        summary[f"{key}_loops"] = failed["stuck"] + failed["cycling"] if failed else None
     if final["state"] != "succeeded" or not evals:
         write_json(out / "summary.json", summary)
         return summary
@@ -120,6 +126,15 @@ def run_grpo(api: ApiClient, config: dict[str, Any], out: Path, shared_root: Pat
     })
     write_json(out / "summary.json", summary)
     return summary
+
+
+def held_out_failures(point: dict[str, Any]) -> dict[str, float] | None:
+    """How an eval's held-out episodes failed (`stuck`, `cycling`, `other`, shares of the set), or None
+    where the eval played no held-out set."""
+    keys = {mode: f"held_out_failed_{mode}" for mode in ("stuck", "cycling", "other")}
+    if any(point.get(key) is None for key in keys.values()):
+        return None
+    return {mode: float(point[key]) for mode, key in keys.items()}
 
 
 def _solved_strip(api: ApiClient, run_id: str, step: int, shared_root: Path, out: Path) -> str | None:
@@ -152,3 +167,8 @@ def print_summary(summary: dict[str, Any], budget_min: float) -> None:
         start = summary.get("held_out_start_solve_rate")
         print(f"held out ({summary['held_out_set']}): " + (f"{start:.3f} at step 0 -> " if start is not None else "")
               + f"{summary['held_out_solve_rate']:.3f} after the last step")
+        if summary.get("held_out_loops") is not None:
+            start_loops = summary.get("held_out_start_loops")
+            print("held out failed in a loop (stuck or cycling): "
+                  + (f"{start_loops:.3f} at step 0 -> " if start_loops is not None else "")
+                  + f"{summary['held_out_loops']:.3f} after the last step")

@@ -159,8 +159,9 @@ class EvalSettings(_Strict):
     held_out_set: str = Field(
         "", description="An eval set of the environment played greedily by the start (with the step-0 eval) and "
                         "by the final policy (after the last step), e.g. tasks no training plays outside the fixed "
-                        "set (maze-held-out-256); the rate is those evals' held_out_solve_rate, its time their "
-                        "held_out_eval_s, apart from eval_s ('' = none).")
+                        "set (maze-held-out-256); the rate is those evals' held_out_solve_rate, how its failures "
+                        "failed their held_out_failed_stuck, _cycling and _other (as greedy_failed_*), its time "
+                        "their held_out_eval_s, apart from eval_s ('' = none).")
 
 
 class FrameSettings(_Strict):

@@ -66,6 +66,15 @@ def test_the_held_out_gain_is_the_held_out_end_less_the_held_out_start() -> None
     assert "held_out_gain: worst -0.050, mean +0.100, best +0.250 over 2 runs" in figure_lines(result["figures"])
 
 
+def test_the_held_out_loop_share_is_a_figure_of_the_sweep_whose_worst_is_the_highest() -> None:
+    runs = [{"seed": 0, "state": "succeeded", "held_out_start_loops": 0.4, "held_out_loops": 0.25},
+            {"seed": 1, "state": "succeeded", "held_out_start_loops": 0.4, "held_out_loops": 0.375}]
+    result = aggregate(runs, [_curve([0.25])] * 2)
+    assert [r["held_out_loops"] for r in result["runs"]] == [0.25, 0.375]
+    assert result["figures"]["held_out_loops"] == {"worst": 0.375, "mean": 0.3125, "best": 0.25, "num": 2}
+    assert "held_out_loops: worst 0.375, mean 0.312, best 0.250 over 2 runs" in figure_lines(result["figures"])
+
+
 def test_the_end_figure_averages_the_last_three_evals() -> None:
     assert mean_of_last([{"greedy_solve_rate": r} for r in (0.1, 0.8, 0.9, 1.0)]) == pytest.approx(0.9)
     assert mean_of_last([{"greedy_solve_rate": 0.5}]) == 0.5 and mean_of_last([]) is None

@@ -101,6 +101,8 @@ def test_a_short_grpo_run_publishes_loads_and_records_everything(stack: Stack, t
     for e in evals:
         assert e["held_out_set"] == "maze-held-out-256" and e["held_out_episodes"] == 256
         assert 0.0 <= e["held_out_solve_rate"] <= 1.0 and e["held_out_eval_s"] > 0 and e["eval_s"] > 0
+        failed = sum(e[f"held_out_failed_{mode}"] for mode in ("stuck", "cycling", "other"))
+        assert failed == pytest.approx(1.0 - e["held_out_solve_rate"])  # every failed episode failed one way
     # One sampled episode per maze: solved by at least one is solved.
     assert all(e["sampled_pass_rate"] == e["sampled_solve_rate"] for e in evals)
     for e in evals:  # the greedy solve rate is that of the greedy episodes recorded with the eval

@@ -67,6 +67,7 @@ def mean_moves_over_optimal(episodes: list[EpisodeResult]) -> float | None:
 
 # A failed episode whose last this many turns changed nothing is stuck (failure_modes).
 STUCK_TURNS = 3
+FAILURE_MODES = ("stuck", "cycling", "other")  # failure_modes' keys
 
 
 def returns_to_left_observation(keys: list[str]) -> bool:
