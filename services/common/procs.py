@@ -2,15 +2,43 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10_000  # below: ports that system services are configured to
+_draw = random.Random()  # its own stream: the callers' seeded `random` is left as it was
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
+
+def ephemeral_range(path: Path = EPHEMERAL_PORTS) -> tuple[int, int]:
+    """The ports the kernel hands out to outgoing connections (Linux's default where it is not read)."""
+    try:
+        low, high = (int(word) for word in path.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def free_port(host: str = "127.0.0.1", tries: int = 64) -> int:
+    """A port nothing listens on, for a server started next. It is drawn outside the ephemeral range:
+    a port the kernel picked from that range could be taken, before the server binds it, by an
+    outgoing connection of any process on the machine (the server would then fail to start)."""
+    low, high = ephemeral_range()
+    ranges = [r for r in ((LOWEST_PORT, low - 1), (high + 1, 65535)) if r[1] - r[0] >= 1000]
+    for _ in range(tries if ranges else 0):
+        first, last = _draw.choice(ranges)
+        port = _draw.randint(first, last)
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # no room outside the ephemeral range: the kernel's pick
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
