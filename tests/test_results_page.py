@@ -65,11 +65,14 @@ def test_the_page_shows_the_start_the_mark_within_budget_and_the_end_of_a_demo(t
     assert "| 10 | 0.719 | 0.600 | 640.0 |" in page  # 10 steps of 60 s and two evals of 20 s
 
 
-def test_the_sft_checks_show_their_sampled_rates_where_the_checks_measured_them(tmp_path: Path) -> None:
+def test_the_sft_checks_show_their_sampled_rates_and_loops_where_the_checks_measured_them(tmp_path: Path) -> None:
     greedy = [{"updates": 500, "validation_solve_rate": 0.5}, {"updates": 600, "validation_solve_rate": 0.5625}]
     sampled = [{**c, "validation_sampled_rate": r} for c, r in zip(greedy, (0.375, 0.5), strict=True)]
+    loops = [{**c, "validation_loops": r} for c, r in zip(sampled, (0.25, 0.125), strict=True)]
     for checks, expected in ((greedy, "0.500 0.562; kept: 700 updates."),
-                             (sampled, "0.500 0.562; sampled: 0.375 0.500; kept: 700 updates.")):
+                             (sampled, "0.500 0.562; sampled: 0.375 0.500; kept: 700 updates."),
+                             (loops, "0.500 0.562; sampled: 0.375 0.500; greedy failed in a loop: 0.250 0.125; "
+                                     "kept: 700 updates.")):
         summary, curve = _demo_output(tmp_path / "demo", sft_checks=checks)
         assert _run(tmp_path, "--summary", summary, "--curve", curve) == 0
         assert f"Validation solve rates at updates 500..600: {expected}" in (tmp_path / "results.md").read_text()

@@ -25,6 +25,7 @@ from typing import Any
 from mmrl.cli.run import TERMINAL, ApiClient, stop_left_running, watch
 from mmrl.cli.stack import Stack, StackConfig
 from mmrl.report.plots import episode_strip, last_eval_within, learning_curve, plot_curve, write_json
+from services.coordinator.grpo.evaluation import FAILURE_MODES, loop_share
 
 LAST_EVALS = 3  # the end figure averages this many evals
 
@@ -105,7 +106,7 @@ def run_grpo(api: ApiClient, config: dict[str, Any], out: Path, shared_root: Pat
     for key, point in (("held_out_start", evals[0] if evals else {}), ("held_out", evals[-1] if len(evals) > 1 else {})):
         failed = held_out_failures(point)
         summary[f"{key}_failed"] = failed
-        summary[f"{key}_loops"] = failed["stuck"] + failed["cycling"] if failed else None
+        summary[f"{key}_loops"] = loop_share(failed) if failed else None
     if final["state"] != "succeeded" or not evals:
         write_json(out / "summary.json", summary)
         return summary
@@ -131,7 +132,7 @@ def run_grpo(api: ApiClient, config: dict[str, Any], out: Path, shared_root: Pat
 def held_out_failures(point: dict[str, Any]) -> dict[str, float] | None:
     """How an eval's held-out episodes failed (`stuck`, `cycling`, `other`, shares of the set), or None
     where the eval played no held-out set."""
-    keys = {mode: f"held_out_failed_{mode}" for mode in ("stuck", "cycling", "other")}
+    keys = {mode: f"held_out_failed_{mode}" for mode in FAILURE_MODES}
     if any(point.get(key) is None for key in keys.values()):
         return None
     return {mode: float(point[key]) for mode, key in keys.items()}

@@ -244,9 +244,12 @@ def render_page(summary: dict[str, Any], curve: dict[str, Any], sweeps: dict[str
         sampled = ""
         if all("validation_sampled_rate" in c for c in checks):
             sampled = "; sampled: " + " ".join(_rate(c["validation_sampled_rate"]) for c in checks)
+        loops = ""
+        if all("validation_loops" in c for c in checks):
+            loops = "; greedy failed in a loop: " + " ".join(_rate(c["validation_loops"]) for c in checks)
         lines += ["## The SFT's checks", "",
                   f"Validation solve rates at updates {checks[0]['updates']}..{checks[-1]['updates']}: {rates}"
-                  + sampled
+                  + sampled + loops
                   + (f"; kept: {summary['sft_updates']} updates." if summary.get("sft_updates") else "."), ""]
     for env, sweep in sorted((sweeps or {}).items()):
         lines += sweep_section(sweep, f"sweep-{env}-band.png", summary)

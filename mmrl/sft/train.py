@@ -28,6 +28,7 @@ from mmrl.sft.config import SftConfig, kept_update
 from mmrl.sft.data import draw_tasks, expert_conversations, image_token_counter
 from services.common.training import TrainSettings
 from services.common.trajectory import Trajectory
+from services.coordinator.grpo.evaluation import LOOP_MODES, loop_share
 from services.learner.batch import ModelSpec, collate, prepare_batch
 from services.learner.distributed import (
     DistContext,
@@ -49,8 +50,9 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
     """Builds the data, fine-tunes, saves the model directory; returns a report (rank 0; {} on the
     others, which run it too under `mmrl sft --nproc N`). With `band`, rank 0's
     `check(model_dir, validation_specs)` evaluates a checkpoint on the validation tasks and returns the
-    eval summary (`greedy_solve_rate`, `episodes`; `sampled_solve_rate`, `sampled_episodes` with
-    `check_samples`)."""
+    eval summary (`greedy_solve_rate`, `greedy_failed_<mode>` for each failure mode, `episodes`;
+    `sampled_solve_rate`, `sampled_episodes` with `check_samples`). Each check records the greedy rate
+    and the share that failed in a loop (`validation_loops`), which the band does not read."""
     from transformers import AutoConfig
 
     started = time.perf_counter()
@@ -104,15 +106,17 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
         assert check is not None
         summary = check(saved, tasks.validation)
         rate = float(summary["greedy_solve_rate"])
-        entry = {"updates": update, "validation_solve_rate": rate, "episodes": summary["episodes"]}
+        loops = loop_share({mode: summary[f"greedy_failed_{mode}"] for mode in LOOP_MODES})
+        entry = {"updates": update, "validation_solve_rate": rate, "validation_loops": loops,
+                 "episodes": summary["episodes"]}
         sampled = ""
         if config.check_samples:
             entry["validation_sampled_rate"] = float(summary["sampled_solve_rate"])
             entry["sampled_episodes"] = summary["sampled_episodes"]
             sampled = f", sampled {entry['validation_sampled_rate']:.4f} ({config.check_samples} per task)"
         checks.append(entry)
-        progress(f"sft check at update {update}: greedy solve rate {rate:.4f}{sampled} on {len(tasks.validation)} "
-                 f"validation tasks ({time.perf_counter() - started:.0f} s)")
+        progress(f"sft check at update {update}: greedy solve rate {rate:.4f} (failed in a loop {loops:.4f}){sampled} "
+                 f"on {len(tasks.validation)} validation tasks ({time.perf_counter() - started:.0f} s)")
         _remove_unkept(config, checks, keep=kept_update(config.band, checks, ran=update, band_on=config.band_on))
         stops = config.stops_after(checks)
         if stops:

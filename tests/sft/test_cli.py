@@ -23,6 +23,8 @@ def test_a_check_evaluates_the_saved_checkpoint_on_the_validation_tasks(tiny_mod
     [entry] = report["checks"]
     assert entry["updates"] == 2 and entry["episodes"] == 4
     assert entry["validation_solve_rate"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+    assert entry["validation_loops"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+    assert entry["validation_solve_rate"] + entry["validation_loops"] <= 1.0
     assert entry["sampled_episodes"] == 8 and entry["validation_sampled_rate"] in [i / 8 for i in range(9)]
     assert report["updates"] == 2 and json.loads((out / "sft_report.json").read_text())["checks"] == [entry]
     log = (tmp_path / "state" / "logs" / "rollout.log").read_text()

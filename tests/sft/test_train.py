@@ -17,6 +17,12 @@ from tests.env_service import with_env_service
 FAST = {"batch_size": 4, "optim": {"micro_batch_size": 4, "warmup_steps": 0, "learning_rate": 3e-3}}
 
 
+def _summary(greedy: float, episodes: int, stuck: float = 0.0, cycling: float = 0.0) -> dict[str, object]:
+    """A check's eval summary: its greedy rate and how the failed episodes failed."""
+    return {"greedy_solve_rate": greedy, "episodes": episodes, "greedy_failed_stuck": stuck,
+            "greedy_failed_cycling": cycling, "greedy_failed_other": 1.0 - greedy - stuck - cycling}
+
+
 def _weights_digest(model_dir: Path) -> str:
     return hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()
 
@@ -58,7 +64,7 @@ def test_checks_keep_the_last_checkpoint_inside_the_band_and_delete_the_others_a
         digests[update] = _weights_digest(model_dir)
         beside[update] = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))
         validated.append([t.seed for t in tasks])  # type: ignore[attr-defined]
-        return {"greedy_solve_rate": next(rates), "episodes": len(tasks)}
+        return _summary(next(rates), len(tasks))
 
     report = with_env_service(lambda address: train_sft(config, address, lambda _m: None, check=check))
     assert [c["updates"] for c in report["checks"]] == [2, 4, 6, 8]
@@ -73,10 +79,11 @@ def test_checks_keep_the_last_checkpoint_inside_the_band_and_delete_the_others_a
     assert len(report["task_seeds"]["training"]) == 4 and not set(report["task_seeds"]["training"]) & set(validated[0])
 
 
-def test_a_band_on_the_sampled_rate_keeps_by_it_and_the_report_has_both_rates(
+def test_a_band_on_the_sampled_rate_keeps_by_it_and_the_report_has_both_rates_and_the_loops(
         tiny_model_dir: Path, tmp_path: Path) -> None:
     """band [0.3, 0.5] on the sampled rate: checks after updates 2 and 4 read greedy 0.4 / 0.6 and sampled
-    0.2 / 0.45 (scripted), so the greedy rate would keep update 2 and the sampled one keeps update 4."""
+    0.2 / 0.45 (scripted), so the greedy rate would keep update 2 and the sampled one keeps update 4; each
+    check also records the share of greedy episodes that failed stuck or cycling (0.25 + 0.125)."""
     out = tmp_path / "sft"
     config = SftConfig(base_model=str(tiny_model_dir), out=str(out), num_tasks=4, updates=4, band=(0.3, 0.5),
                        check_from=2, check_every=2, check_tasks=3, check_samples=2, band_on="sampled",
@@ -85,14 +92,15 @@ def test_a_band_on_the_sampled_rate_keeps_by_it_and_the_report_has_both_rates(
 
     def check(model_dir: Path, tasks: list[object]) -> dict[str, object]:
         greedy, sampled = next(rates)
-        return {"greedy_solve_rate": greedy, "episodes": len(tasks), "sampled_solve_rate": sampled,
+        return {**_summary(greedy, len(tasks), stuck=0.25, cycling=0.125), "sampled_solve_rate": sampled,
                 "sampled_episodes": 2 * len(tasks)}
 
     report = with_env_service(lambda address: train_sft(config, address, lambda _m: None, check=check))
     assert report["checks"] == [
-        {"updates": 2, "validation_solve_rate": 0.4, "episodes": 3, "validation_sampled_rate": 0.2, "sampled_episodes": 6},
-        {"updates": 4, "validation_solve_rate": 0.6, "episodes": 3, "validation_sampled_rate": 0.45,
-         "sampled_episodes": 6}]
+        {"updates": 2, "validation_solve_rate": 0.4, "validation_loops": 0.375, "episodes": 3,
+         "validation_sampled_rate": 0.2, "sampled_episodes": 6},
+        {"updates": 4, "validation_solve_rate": 0.6, "validation_loops": 0.375, "episodes": 3,
+         "validation_sampled_rate": 0.45, "sampled_episodes": 6}]
     assert report["updates"] == 4 and report["band_on"] == "sampled"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sft"]
 
@@ -111,7 +119,7 @@ def test_stop_above_band_ends_at_the_first_check_above_it_and_keeps_the_last_ins
 
     def check(model_dir: Path, tasks: list[object]) -> dict[str, object]:
         digests[int(json.loads((model_dir / "sft_report.json").read_text())["updates"])] = _weights_digest(model_dir)
-        return {"greedy_solve_rate": next(rates), "episodes": len(tasks)}
+        return _summary(next(rates), len(tasks))
 
     report = with_env_service(lambda address: train_sft(config, address, messages.append, check=check))
     assert [c["updates"] for c in report["checks"]] == [2, 4, 6]

@@ -6,6 +6,7 @@ moves over optimal for solved episodes, and how the greedy episodes that failed 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,12 @@ def mean_moves_over_optimal(episodes: list[EpisodeResult]) -> float | None:
 # A failed episode whose last this many turns changed nothing is stuck (failure_modes).
 STUCK_TURNS = 3
 FAILURE_MODES = ("stuck", "cycling", "other")  # failure_modes' keys
+LOOP_MODES = ("stuck", "cycling")  # the failures in a loop: a greedy policy that meets a state again acts as before
+
+
+def loop_share(failed: Mapping[str, float]) -> float:
+    """The share of episodes that failed in a loop (stuck or cycling), from `failure_modes`' shares."""
+    return sum(float(failed[mode]) for mode in LOOP_MODES)
 
 
 def returns_to_left_observation(keys: list[str]) -> bool:
