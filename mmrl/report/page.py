@@ -29,6 +29,9 @@ RECORD_DIR = Path("docs/results")
 IMAGES = {"curve.png": "demo-curve.png", "solved_episode.png": "demo-solved-episode.png"}
 README_BEGIN = "<!-- results:begin (mmrl report writes this table) -->"
 README_END = "<!-- results:end -->"
+# The SFT checks' series the page lists where every check has them: (label, key in a check).
+CHECK_SERIES = (("", "validation_solve_rate"), ("sampled: ", "validation_sampled_rate"),
+                ("greedy failed in a loop: ", "validation_loops"))
 
 
 def _rate(value: Any) -> str:
@@ -240,17 +243,11 @@ def render_page(summary: dict[str, Any], curve: dict[str, Any], sweeps: dict[str
     if curve.get("eval"):
         lines += ["## The curve", "", _curve_table(curve), ""]
     if checks:
-        rates = " ".join(_rate(c["validation_solve_rate"]) for c in checks)
-        sampled = ""
-        if all("validation_sampled_rate" in c for c in checks):
-            sampled = "; sampled: " + " ".join(_rate(c["validation_sampled_rate"]) for c in checks)
-        loops = ""
-        if all("validation_loops" in c for c in checks):
-            loops = "; greedy failed in a loop: " + " ".join(_rate(c["validation_loops"]) for c in checks)
+        series = [label + " ".join(_rate(c[key]) for c in checks) for label, key in CHECK_SERIES
+                  if all(key in c for c in checks)]
         lines += ["## The SFT's checks", "",
-                  f"Validation solve rates at updates {checks[0]['updates']}..{checks[-1]['updates']}: {rates}"
-                  + sampled + loops
-                  + (f"; kept: {summary['sft_updates']} updates." if summary.get("sft_updates") else "."), ""]
+                  f"Validation solve rates at updates {checks[0]['updates']}..{checks[-1]['updates']}: "
+                  + "; ".join(series) + (f"; kept: {summary['sft_updates']} updates." if summary.get("sft_updates") else "."), ""]
     for env, sweep in sorted((sweeps or {}).items()):
         lines += sweep_section(sweep, f"sweep-{env}-band.png", summary)
     lines += ["How these figures vary between runs and machines, and every other run:"
