@@ -28,10 +28,10 @@ from services.common import storage
 from services.common.conversation import DEFAULT_SYSTEM_PROMPT, ChatTokens
 from services.coordinator.grpo.episodes import Timers
 from services.coordinator.grpo.evaluation import (
-    FAILURE_MODES,
     STUCK_TURNS,
     EvalPlan,
     eval_turn_limit,
+    greedy_failures,
     run_eval,
 )
 from services.coordinator.grpo.tasks import action_token_budget
@@ -234,7 +234,7 @@ def main(argv: list[str]) -> int:
         "mean_moves_over_optimal": summary["mean_moves_over_optimal"],
         "invalid_fraction": summary["greedy_invalid_fraction"],
         "noop_fraction": summary["greedy_noop_fraction"],
-        "failed": {mode: summary[f"greedy_failed_{mode}"] for mode in FAILURE_MODES},
+        "failed": greedy_failures(summary),
         "sampled_solve_rate": summary["sampled_solve_rate"], "sampled_pass_rate": summary["sampled_pass_rate"],
         "samples": args.samples, "model": str(args.model), "system_prompt": system_prompt,
         "history_window": history_window,

@@ -28,7 +28,7 @@ from mmrl.sft.config import SftConfig, kept_update
 from mmrl.sft.data import draw_tasks, expert_conversations, image_token_counter
 from services.common.training import TrainSettings
 from services.common.trajectory import Trajectory
-from services.coordinator.grpo.evaluation import LOOP_MODES, loop_share
+from services.coordinator.grpo.evaluation import greedy_failures, loop_share
 from services.learner.batch import ModelSpec, collate, prepare_batch
 from services.learner.distributed import (
     DistContext,
@@ -106,7 +106,7 @@ def train_sft(config: SftConfig, env_address: str, progress: Callable[[str], Non
         assert check is not None
         summary = check(saved, tasks.validation)
         rate = float(summary["greedy_solve_rate"])
-        loops = loop_share({mode: summary[f"greedy_failed_{mode}"] for mode in LOOP_MODES})
+        loops = loop_share(greedy_failures(summary))
         entry = {"updates": update, "validation_solve_rate": rate, "validation_loops": loops,
                  "episodes": summary["episodes"]}
         sampled = ""

@@ -77,6 +77,11 @@ def loop_share(failed: Mapping[str, float]) -> float:
     return sum(float(failed[mode]) for mode in LOOP_MODES)
 
 
+def greedy_failures(summary: Mapping[str, Any]) -> dict[str, float]:
+    """`failure_modes`' shares of an eval summary's greedy episodes (its `greedy_failed_<mode>`)."""
+    return {mode: float(summary[f"greedy_failed_{mode}"]) for mode in FAILURE_MODES}
+
+
 def returns_to_left_observation(keys: list[str]) -> bool:
     """Whether a sequence of observations comes back to one it had left (a repeat in place, a no-op,
     is not leaving)."""

@@ -42,7 +42,7 @@ from services.coordinator.grpo.episodes import (
     play_episodes,
     prefix_cached_fraction,
 )
-from services.coordinator.grpo.evaluation import FAILURE_MODES, EvalPlan, eval_turn_limit, run_eval
+from services.coordinator.grpo.evaluation import EvalPlan, eval_turn_limit, greedy_failures, run_eval
 from services.coordinator.grpo.records import eval_records, train_records
 from services.coordinator.grpo.sampling import STRATEGIES
 from services.coordinator.grpo.tasks import (
@@ -357,7 +357,7 @@ async def evaluate(ctx: RunContext, plan: EvalPlan, *, step: int, adapter_versio
         # time budget of `mmrl demo` counts.
         summary.update({"held_out_set": held_out, "held_out_episodes": held_out_summary["episodes"],
                         "held_out_solve_rate": held_out_summary["greedy_solve_rate"],
-                        **{f"held_out_failed_{mode}": held_out_summary[f"greedy_failed_{mode}"] for mode in FAILURE_MODES},
+                        **{f"held_out_failed_{mode}": share for mode, share in greedy_failures(held_out_summary).items()},
                         "held_out_eval_s": time.perf_counter() - held_out_started})
     summary["step"] = step
     records, summary["frames_bytes"] = eval_records(greedy, step=step, run_dir=ctx.shared_root / "runs" / ctx.run_id,
