@@ -29,9 +29,8 @@ from services.common.conversation import DEFAULT_SYSTEM_PROMPT
 from services.common.training import LoraSettings, OptimSettings
 
 # Part of the fingerprint: bumped when the same config builds other data. 3: every environment's tasks
-# come from GetTrainingTasks (the maze's too), validation tasks from the same draw; 4: a Sokoban bump's
-# feedback names the move.
-SFT_DATA_VERSION = 4
+# come from GetTrainingTasks (the maze's too), validation tasks from the same draw.
+SFT_DATA_VERSION = 3
 RENAMED = {"num_mazes": "num_tasks", "check_mazes": "check_tasks", "learning_rate": "optim.learning_rate",
            "warmup_steps": "optim.warmup_steps", "weight_decay": "optim.weight_decay",
            "max_grad_norm": "optim.max_grad_norm", "micro_batch_size": "optim.micro_batch_size",

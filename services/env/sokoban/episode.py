@@ -3,9 +3,8 @@
 Rules:
 - Actions are up, down, left, right, read by the maze's tolerant parser (services/env/kit/actions.py);
   "stop" and text without a direction are invalid actions. Every step costs one move.
-- A move into a wall or the room's edge, or a push of the box into one, is a bump: nothing moves, and
-  the feedback names the move ("You hit a wall: left."), so that a policy shown the current frame
-  alone can tell which move to avoid. An invalid action changes nothing either ("Invalid action.").
+- A move into a wall or the room's edge, or a push of the box into one, is a bump ("You hit a
+  wall."): nothing moves. An invalid action changes nothing either ("Invalid action.").
 - The episode ends solved, reward 1.0, when a push puts the box on the target (within the budget).
 - It ends unsolved (terminated, not truncated; reward 0.0) when a push leaves the box where it can
   never reach the target (the oracle's BFS finds no way: a corner, or along a wall without the
@@ -14,9 +13,8 @@ Rules:
 - Reward: 1.0 on the solving push, 0.0 otherwise; with the `reward: progress` option every move also
   earns the share of the way to the solution it covered (a stuck box: -1 in all; kit/reward.py).
 
-Observation texts reuse the maze's phrasing where they mean the same ("Invalid action.", "Moves
-left: N.", "No moves left."); the agent's own text is never echoed back (a bump names the move it
-was read as).
+Observation texts reuse the maze's phrasing where they mean the same ("You hit a wall.",
+"Invalid action.", "Moves left: N.", "No moves left."); the agent's own text is never echoed back.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ from services.env.sokoban.render import SokobanRenderer
 from services.env.sokoban.solver import Solution, State, move
 
 TASK = "Push the box onto the target. Reply with up, down, left or right."
-WALL_BUMP = "You hit a wall: {move}."  # the move that bumped
+WALL_BUMP = "You hit a wall."
 INVALID = "Invalid action."
 SOLVED = "The box is on the target."
 STUCK = "The box is stuck."
@@ -96,7 +94,7 @@ class SokobanEpisode:
             self.wall_bump = outcome == "bump"
             self.pushed = outcome == "push"
             if self.wall_bump:
-                self.feedback = WALL_BUMP.format(move=action)
+                self.feedback = WALL_BUMP
             elif self.state[1] == self.level.target:
                 self.done = self.solved = True
                 self.feedback = SOLVED

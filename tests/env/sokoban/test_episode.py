@@ -9,7 +9,7 @@ import pytest
 from services.common.task import TaskSpec
 from services.env.errors import EnvError
 from services.env.sokoban.env import SokobanEnv
-from services.env.sokoban.episode import INVALID, SOLVED, STUCK, TASK, SokobanEpisode, Task
+from services.env.sokoban.episode import INVALID, SOLVED, STUCK, TASK, WALL_BUMP, SokobanEpisode, Task
 from services.env.sokoban.level import Level
 from services.env.sokoban.render import SokobanRenderer
 from services.env.sokoban.solver import Solution
@@ -43,7 +43,7 @@ def test_the_oracle_solves_the_level_with_reward_one_on_the_last_push() -> None:
 def test_a_bump_and_an_invalid_action_cost_a_move_and_change_nothing() -> None:
     episode = _episode()
     episode.step("left")
-    assert episode.wall_bump and episode.text() == "You hit a wall: left. Moves left: 19."  # names the move
+    assert episode.wall_bump and episode.text() == f"{WALL_BUMP} Moves left: 19."
     episode.step("stop")  # no stop in Sokoban
     assert episode.invalid and episode.text() == f"{INVALID} Moves left: 18."
     assert episode.state == (LEVEL.agent, LEVEL.box) and not episode.done
